@@ -1,0 +1,48 @@
+"""The `kubevirt-spawner` command."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+
+def _sim(args) -> int:
+    from .sim.app import serve_forever
+    from .sim.schema import SchemaError
+    try:
+        asyncio.run(serve_forever(args.state, args.port, speed=args.speed, schemas_dir=args.schemas,
+                                  guest_mode=args.guests, guest_command=args.guest_command or None))
+    except SchemaError as exc:
+        print(f"kubevirt-spawner sim: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"kubevirt-spawner sim: cannot serve on port {args.port}: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kubevirt-spawner", description=__doc__)
+    parser.add_argument("--log-level", default="INFO")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sim = sub.add_parser("sim", help="run the local KubeVirt cluster simulator")
+    sim.add_argument("--state", required=True, help="directory for the cluster's objects, volumes and kubeconfig")
+    sim.add_argument("--port", type=int, default=0, help="API server port on 127.0.0.1 (default: any free port)")
+    sim.add_argument("--speed", type=float, default=1.0, help="controller speed factor (10 = ten times faster)")
+    sim.add_argument("--schemas", default=None, help="folder of the upstream schemas (default: ../shared/schemas "
+                                                     "or $KUBEVIRT_SCHEMAS_DIR)")
+    sim.add_argument("--guests", choices=("process", "null"), default="process",
+                     help="run a Jupyter server per running VMI, or one shared null responder")
+    sim.add_argument("--guest-command", nargs="*", help="command each guest runs instead of Jupyter")
+    sim.set_defaults(func=_sim)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "sim" and args.speed <= 0:
+        parser.error("--speed must be positive")
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

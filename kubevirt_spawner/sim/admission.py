@@ -1,0 +1,174 @@
+"""What the upstream admission webhooks and the quota admission plugin refuse."""
+
+from __future__ import annotations
+
+from . import errors
+from .quantity import format_bytes, parse_quantity
+from .resources import BY_KIND, ResourceType
+from .selectors import field_value
+
+RUN_STRATEGIES = ("Always", "Halted", "Manual", "RerunOnFailure", "Once", "WaitAsReceiver")
+SNAPSHOT_KINDS = ("VirtualMachineSnapshot", "VirtualMachineSnapshotContent", "VirtualMachineRestore")
+
+
+def admit(store, rt: ResourceType, obj: dict, old: dict | None):
+    """Raise the upstream error for an object the real cluster would refuse."""
+    check = _CHECKS.get(rt.kind)
+    if check:
+        check(store, rt, obj, old)
+
+
+def _vm(store, rt, obj, old):
+    spec = obj.get("spec") or {}
+    name = obj["metadata"]["name"]
+    has_running = spec.get("running") is not None
+    has_strategy = spec.get("runStrategy") is not None
+    if has_running and has_strategy:
+        raise errors.invalid(rt, name, [{"field": "spec.running", "message":
+            "Running and RunStrategy are mutually exclusive. Note that Running is deprecated, "
+            "please use RunStrategy instead"}])
+    if not has_running and not has_strategy:
+        raise errors.invalid(rt, name, [{"field": "spec.runStrategy", "reason": "FieldValueRequired",
+                                         "message": "One of Running or RunStrategy must be specified"}])
+    if has_strategy and spec["runStrategy"] not in RUN_STRATEGIES:
+        raise errors.invalid(rt, name, [{"field": "spec.runStrategy", "reason": "FieldValueInvalid",
+                                         "message": f"Invalid RunStrategy ({spec['runStrategy']})"}])
+    tspec = field_value(spec, "template.spec") or {}
+    volumes = {v.get("name") for v in tspec.get("volumes") or []}
+    for i, disk in enumerate(field_value(tspec, "domain.devices.disks") or []):
+        if disk.get("name") not in volumes:
+            raise errors.invalid(rt, name, [{
+                "field": f"spec.template.spec.domain.devices.disks[{i}].name",
+                "message": f"spec.template.spec.domain.devices.disks[{i}].name '{disk.get('name')}' not found."}])
+
+
+def _dv(store, rt, obj, old):
+    name = obj["metadata"]["name"]
+    ns = obj["metadata"].get("namespace", "")
+    if old is not None:
+        if obj.get("spec") != old.get("spec"):
+            raise errors.invalid(rt, name, [{"field": "spec", "message": "Cannot update DataVolume Spec"}])
+        return
+    spec = obj.get("spec") or {}
+    if not spec.get("source") and not spec.get("sourceRef"):
+        raise errors.invalid(rt, name, [{"field": "spec.source", "reason": "FieldValueRequired",
+                                         "message": "Data volume should have either Source or SourceRef"}])
+    if not spec.get("pvc") and not spec.get("storage"):
+        raise errors.invalid(rt, name, [{"field": "spec", "reason": "FieldValueRequired",
+                                         "message": "Missing Data volume PVC or Storage"}])
+    pvc = store.get(BY_KIND["PersistentVolumeClaim"], ns, name)
+    if pvc is not None and not any(r.get("kind") == "DataVolume"
+                                   for r in pvc["metadata"].get("ownerReferences") or []):
+        raise errors.invalid(rt, name, [{"field": "metadata.name", "reason": "FieldValueDuplicate",
+                                         "message": f"Destination PVC {ns}/{name} already exists"}])
+    source_pvc = field_value(spec, "source.pvc")
+    if source_pvc is not None and not source_pvc.get("name"):
+        raise errors.invalid(rt, name, [{"field": "spec.source.pvc.name", "reason": "FieldValueRequired",
+                                         "message": "Source PVC name is required"}])
+
+
+def _snapshot_like(store, rt, obj, old):
+    name = obj["metadata"]["name"]
+    ns = obj["metadata"].get("namespace", "")
+    if old is not None and obj.get("spec") != old.get("spec"):
+        raise errors.invalid(rt, name, [{"field": "spec", "message": "spec is immutable after creation"}])
+    if old is not None:
+        return
+    spec = obj.get("spec") or {}
+    ref_field = {"VirtualMachineSnapshot": "source", "VirtualMachineRestore": "target"}.get(rt.kind)
+    if ref_field is None:
+        return
+    ref = spec.get(ref_field) or {}
+    if not ref.get("apiGroup"):
+        raise errors.invalid(rt, name, [{"field": f"spec.{ref_field}.apiGroup", "reason": "FieldValueInvalid",
+                                         "message": "missing apiGroup"}])
+    if ref.get("apiGroup") != "kubevirt.io" or ref.get("kind") != "VirtualMachine":
+        raise errors.invalid(rt, name, [{"field": f"spec.{ref_field}", "reason": "FieldValueInvalid",
+                                         "message": f"invalid kind/apiGroup: {ref.get('kind')}/{ref.get('apiGroup')}"}])
+    if rt.kind == "VirtualMachineRestore":
+        if not spec.get("virtualMachineSnapshotName"):
+            raise errors.invalid(rt, name, [{"field": "spec.virtualMachineSnapshotName",
+                                             "reason": "FieldValueRequired", "message": "Required value"}])
+        for other in store.list(rt, ns):
+            ospec = other.get("spec") or {}
+            if (field_value(ospec, "target.name") == ref.get("name")
+                    and not field_value(other, "status.complete")
+                    and not other["metadata"].get("deletionTimestamp")):
+                raise errors.invalid(rt, name, [{"field": "spec.target", "reason": "FieldValueInvalid",
+                                                 "message": f"VirtualMachineRestore \"{other['metadata']['name']}\" "
+                                                            "in progress"}])
+
+
+def _pvc(store, rt, obj, old):
+    if old is not None:
+        ospec, nspec = old.get("spec") or {}, obj.get("spec") or {}
+        before = parse_quantity(field_value(ospec, "resources.requests.storage") or 0)
+        after = parse_quantity(field_value(nspec, "resources.requests.storage") or 0)
+        if after < before:
+            raise errors.invalid(rt, obj["metadata"]["name"], [{
+                "field": "spec.resources.requests.storage",
+                "message": "Forbidden: field can not be less than previous value"}])
+        if after > before:
+            sc = store.get(BY_KIND["StorageClass"], "", nspec.get("storageClassName") or "")
+            if not (sc or {}).get("allowVolumeExpansion"):
+                raise errors.forbidden(rt, obj["metadata"]["name"], "only dynamically provisioned pvc can be "
+                                       "resized and the storageclass that provisions the pvc must support resize")
+        return
+    check_quota(store, obj["metadata"].get("namespace", ""), {
+        "persistentvolumeclaims": 1,
+        "requests.storage": parse_quantity(field_value(obj, "spec.resources.requests.storage") or 0),
+    }, rt, obj["metadata"]["name"])
+
+
+def check_quota(store, namespace: str, request: dict, rt: ResourceType, name: str):
+    """403 Forbidden, worded as upstream, when `request` would exceed a ResourceQuota."""
+    quotas = store.list(BY_KIND["ResourceQuota"], namespace)
+    if not quotas:
+        return
+    used = namespace_usage(store, namespace)
+    for quota in quotas:
+        hard = field_value(quota, "spec.hard") or {}
+        over = []
+        for resource, amount in request.items():
+            limit = hard.get(resource)
+            if limit is None or not amount:
+                continue
+            if used.get(resource, 0) + amount > parse_quantity(limit):
+                over.append(resource)
+        if over:
+            fmt = lambda r, v: format_bytes(v) if r.endswith("storage") else str(int(v))  # noqa: E731
+            requested = ",".join(f"{r}={fmt(r, request[r])}" for r in over)
+            usednow = ",".join(f"{r}={fmt(r, used.get(r, 0))}" for r in over)
+            limited = ",".join(f"{r}={hard[r]}" for r in over)
+            raise errors.forbidden(rt, name, f"exceeded quota: {quota['metadata']['name']}, requested: "
+                                             f"{requested}, used: {usednow}, limited: {limited}")
+
+
+def gpu_requests(vmi_spec: dict) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for gpu in field_value(vmi_spec, "domain.devices.gpus") or []:
+        out[gpu["deviceName"]] = out.get(gpu["deviceName"], 0) + 1
+    return out
+
+
+def namespace_usage(store, namespace: str) -> dict:
+    used: dict = {"persistentvolumeclaims": 0, "requests.storage": 0}
+    for pvc in store.list(BY_KIND["PersistentVolumeClaim"], namespace):
+        used["persistentvolumeclaims"] += 1
+        used["requests.storage"] += parse_quantity(field_value(pvc, "spec.resources.requests.storage") or 0)
+    for vmi in store.list(BY_KIND["VirtualMachineInstance"], namespace):
+        if field_value(vmi, "status.phase") in ("Succeeded", "Failed"):
+            continue
+        for device, count in gpu_requests(vmi.get("spec") or {}).items():
+            used[f"requests.{device}"] = used.get(f"requests.{device}", 0) + count
+    return used
+
+
+_CHECKS = {
+    "VirtualMachine": _vm,
+    "DataVolume": _dv,
+    "VirtualMachineSnapshot": _snapshot_like,
+    "VirtualMachineSnapshotContent": _snapshot_like,
+    "VirtualMachineRestore": _snapshot_like,
+    "PersistentVolumeClaim": _pvc,
+}

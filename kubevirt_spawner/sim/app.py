@@ -1,0 +1,141 @@
+"""Running the simulator: as a command (`kubevirt-spawner sim`) or in a background thread."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import threading
+
+import tornado.httpserver
+import yaml
+
+from .cluster import Cluster
+from .server import make_app
+
+log = logging.getLogger(__name__)
+
+
+def write_kubeconfig(state_dir: str, port: int) -> str:
+    path = os.path.join(state_dir, "kubeconfig")
+    config = {"apiVersion": "v1", "kind": "Config", "current-context": "kubevirt-sim",
+              "clusters": [{"name": "kubevirt-sim", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+              "users": [{"name": "sim-admin", "user": {"token": "kubevirt-sim-admin"}}],
+              "contexts": [{"name": "kubevirt-sim", "context": {"cluster": "kubevirt-sim", "user": "sim-admin",
+                                                                "namespace": "default"}}]}
+    with open(path + ".tmp", "w") as f:
+        yaml.safe_dump(config, f)
+    os.replace(path + ".tmp", path)
+    return path
+
+
+class Simulator:
+    """A cluster plus its HTTP server on one event loop."""
+
+    def __init__(self, state_dir: str, port: int = 0, **cluster_options):
+        self.state_dir = os.path.abspath(state_dir)
+        self.cluster = Cluster(self.state_dir, **cluster_options)
+        self.requested_port = port
+        self.port: int | None = None
+        self._server: tornado.httpserver.HTTPServer | None = None
+
+    async def start(self):
+        await self.cluster.start()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", self.requested_port))
+        sock.listen(1024)
+        sock.setblocking(False)
+        self.port = sock.getsockname()[1]
+        self._server = tornado.httpserver.HTTPServer(make_app(self.cluster), idle_connection_timeout=3600)
+        self._server.add_sockets([sock])
+        self.kubeconfig = write_kubeconfig(self.state_dir, self.port)
+        with open(os.path.join(self.state_dir, "sim.json"), "w") as f:
+            json.dump({"url": self.url, "kubeconfig": self.kubeconfig, "pid": os.getpid()}, f)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def stop(self):
+        if self._server is not None:
+            self._server.stop()
+        self.cluster.store.cut_watches()
+        await self.cluster.stop()
+        if self._server is not None:
+            await self._server.close_all_connections()
+
+
+class SimulatorThread:
+    """The simulator on its own event loop in a daemon thread: what tests and the demo embed."""
+
+    def __init__(self, state_dir: str, port: int = 0, **cluster_options):
+        self.sim = Simulator(state_dir, port, **cluster_options)
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="kubevirt-sim", daemon=True)
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    def _run(self):
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_until_complete(self.sim.start())
+        except BaseException as exc:  # reported to the starting thread
+            self._error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        self.loop.run_forever()
+
+    def start(self, timeout: float = 30) -> "SimulatorThread":
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise RuntimeError("the simulator did not start in time")
+        if self._error:
+            raise self._error
+        return self
+
+    def call(self, fn, *args, timeout: float = 30):
+        """Run `fn(*args)` on the simulator's loop (coroutine functions are awaited) and return its result."""
+        async def runner():
+            result = fn(*args)
+            if asyncio.iscoroutine(result):
+                result = await result
+            return result
+        return asyncio.run_coroutine_threadsafe(runner(), self.loop).result(timeout)
+
+    def stop(self):
+        if not self._thread.is_alive():
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(self.sim.stop(), self.loop).result(30)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(30)
+
+    @property
+    def url(self) -> str:
+        return self.sim.url
+
+    @property
+    def kubeconfig(self) -> str:
+        return self.sim.kubeconfig
+
+    @property
+    def cluster(self) -> Cluster:
+        return self.sim.cluster
+
+
+async def serve_forever(state_dir: str, port: int, **cluster_options):
+    sim = Simulator(state_dir, port, **cluster_options)
+    await sim.start()
+    print(f"kubevirt simulator listening on {sim.url}; kubeconfig: {sim.kubeconfig}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    import signal
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await sim.stop()

@@ -1,0 +1,270 @@
+"""The simulated cluster: the store, the API server's hooks and every controller, wired together."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import ipaddress
+import logging
+import os
+import resource
+
+from .compute import VM, VMI, Compute
+from .faults import Faults
+from .network import SERVICE, Network
+from .resources import BY_KIND
+from .runtime import EventRecorder, WorkQueue
+from .schema import SchemaRegistry
+from .seed import seed_cluster
+from .selectors import field_value
+from .server import RequestCounter
+from .snapshots import RESTORE, SNAP, VS, Snapshots
+from .storage import DV, PVC, PVC_PROTECTION, Storage, default_storage_class
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = BY_KIND["Namespace"]
+
+# Seconds each step takes at --speed 1, close to what a real cluster shows.
+DEFAULT_TIMING = {
+    "bind": 1.0,             # CSI provisioning of a new RBD image
+    "clone_schedule": 2.0,   # DataVolume CloneScheduled -> CloneInProgress
+    "clone": 30.0,           # the whole clone, reported in ten progress steps
+    "schedule": 0.5,         # VMI Scheduling -> Scheduled
+    "schedule_retry": 2.0,   # how often unschedulable or waiting work is retried
+    "launch": 3.0,           # Scheduled -> Running (virt-launcher up, volumes attached)
+    "agent": 5.0,            # Running -> AgentConnected (the guest has booted)
+    "snapshot": 2.0,
+    "restore": 2.0,
+}
+
+VMI_NETWORK = ipaddress.ip_network("127.10.0.0/16")
+SERVICE_NETWORK = ipaddress.ip_network("127.20.0.0/16")
+
+
+class Cluster:
+    def __init__(self, state_dir: str, speed: float = 1.0, schemas_dir: str | None = None,
+                 guest_mode: str = "process", guest_command: list[str] | None = None, timing: dict | None = None):
+        if guest_mode not in ("process", "null"):
+            raise ValueError(f"guest mode must be 'process' or 'null', not {guest_mode!r}")
+        if speed <= 0:
+            raise ValueError("speed must be a positive factor")
+        self.state_dir = os.path.abspath(state_dir)
+        os.makedirs(self.state_dir, exist_ok=True)
+        self.speed = speed
+        self.timing = {**DEFAULT_TIMING, **(timing or {})}
+        self.guest_mode = guest_mode
+        self.guest_command = guest_command
+        self.schemas = SchemaRegistry(schemas_dir)
+        self.store = Store(self.state_dir)
+        self.fresh = self.store.rv == 0
+        self.requests = RequestCounter()
+        self.events = EventRecorder(self.store)
+        self.faults = Faults(self)
+        self.compute = Compute(self)
+        self.storage = Storage(self)
+        self.snapshots = Snapshots(self)
+        self.network = Network(self)
+        self.started = False
+        self._ips: dict[str, dict[str, str]] = {"vmi": {}, "svc": {}}
+        self._tasks: list[asyncio.Task] = []
+
+    def t(self, name: str) -> float:
+        return self.timing[name] / self.speed
+
+    # ---------- lifecycle
+    async def start(self):
+        _raise_file_limit()
+        self.vm_queue = WorkQueue("vm", self.compute.reconcile_vm)
+        self.vmi_queue = WorkQueue("vmi", self.compute.reconcile_vmi)
+        self.pvc_queue = WorkQueue("pvc", self.storage.reconcile_pvc)
+        self.dv_queue = WorkQueue("datavolume", self.storage.reconcile_dv)
+        self.snapshot_queue = WorkQueue("vmsnapshot", self.snapshots.reconcile_snapshot)
+        self.restore_queue = WorkQueue("vmrestore", self.snapshots.reconcile_restore)
+        self.service_queue = WorkQueue("service", self.network.reconcile_service)
+        self.queues = [self.vm_queue, self.vmi_queue, self.pvc_queue, self.dv_queue, self.snapshot_queue,
+                       self.restore_queue, self.service_queue]
+        if self.fresh:
+            seed_cluster(self)
+        for vmi in self.store.list(VMI):
+            ip = (field_value(vmi, "status.interfaces") or [{}])[0].get("ipAddress")
+            if ip and field_value(vmi, "status.phase") not in ("Succeeded", "Failed"):
+                self._ips["vmi"][vmi["metadata"]["uid"]] = ip
+        for svc in self.store.list(SERVICE):
+            ip = field_value(svc, "spec.clusterIP")
+            if ip and ip != "None":
+                self._ips["svc"][svc["metadata"]["uid"]] = ip
+        self.store.listeners.append(self._on_change)
+        for q in self.queues:
+            q.start()
+        self.started = True
+        for rt, queue in ((VM, self.vm_queue), (VMI, self.vmi_queue), (PVC, self.pvc_queue), (DV, self.dv_queue),
+                          (SNAP, self.snapshot_queue), (RESTORE, self.restore_queue),
+                          (SERVICE, self.service_queue)):
+            for obj in self.store.list(rt):
+                queue.add(_key(obj))
+        self._tasks.append(asyncio.get_running_loop().create_task(self.store.flush_forever()))
+
+    async def stop(self):
+        for task in self._tasks:
+            task.cancel()
+        for q in getattr(self, "queues", []):
+            await q.stop()
+        await self.network.close_all()
+        guests = list(self.compute.guests.values())
+        self.compute.guests.clear()
+        await asyncio.gather(*(g.stop(2.0) for g in guests), return_exceptions=True)
+        self.store.cut_watches()
+        self.store.flush()
+
+    def _on_change(self, kind, rt, obj, old):
+        key = _key(obj)
+        ns = obj["metadata"].get("namespace", "")
+        if rt is VM:
+            self.vm_queue.add(key)
+        elif rt is VMI:
+            self.vmi_queue.add(key)
+            self.vm_queue.add(key)
+            for svc in self.store.list(SERVICE, ns):
+                self.service_queue.add(_key(svc))
+            for snap in self.store.list(SNAP, ns):
+                if field_value(snap, "status.phase") not in ("Succeeded", "Failed"):
+                    self.snapshot_queue.add(_key(snap))
+            for restore in self.store.list(RESTORE, ns):
+                if not field_value(restore, "status.complete"):
+                    self.restore_queue.add(_key(restore))
+            if kind == "DELETED" or field_value(obj, "status.phase") in ("Succeeded", "Failed"):
+                for pvc in self.store.list(PVC, ns):
+                    if pvc["metadata"].get("deletionTimestamp"):
+                        self.pvc_queue.add(_key(pvc))
+        elif rt is DV:
+            self.dv_queue.add(key)
+            for vm in self.store.list(VM, ns):
+                self.vm_queue.add(_key(vm))
+        elif rt is PVC:
+            if kind == "DELETED":
+                self.storage.pvc_deleted(obj)
+            else:
+                self.pvc_queue.add(key)
+            for ref in obj["metadata"].get("ownerReferences") or []:
+                if ref.get("kind") == "DataVolume":
+                    self.dv_queue.add((ns, ref["name"]))
+            for vmi in self.store.list(VMI, ns):
+                if field_value(vmi, "status.phase") in ("Pending", None):
+                    self.vmi_queue.add(_key(vmi))
+            for dv in self.store.list(DV, None):
+                if field_value(dv, "status.phase") in (None, "Pending"):
+                    self.dv_queue.add(_key(dv))
+        elif rt is SERVICE:
+            self.service_queue.add(key)
+        elif rt is SNAP:
+            self.snapshot_queue.add(key)
+        elif rt is RESTORE:
+            self.restore_queue.add(key)
+        elif rt is VS and kind == "DELETED":
+            self.snapshots.volume_snapshot_deleted(obj)
+
+    # ---------- API server hooks
+    def defaults(self, rt, obj: dict):
+        """Fields the API server or a mutating webhook fills in on create."""
+        if rt is NAMESPACE:
+            obj.setdefault("spec", {"finalizers": ["kubernetes"]})
+            obj["status"] = {"phase": "Active"}
+        elif rt is SERVICE:
+            spec = obj.setdefault("spec", {})
+            spec.setdefault("type", "ClusterIP")
+            spec.setdefault("sessionAffinity", "None")
+            for p in spec.get("ports") or []:
+                p.setdefault("protocol", "TCP")
+                p.setdefault("targetPort", p.get("port"))
+            if not spec.get("clusterIP"):
+                spec["clusterIP"] = self._next_ip("svc")
+            if spec["clusterIP"] != "None":
+                spec["clusterIPs"] = [spec["clusterIP"]]
+        elif rt is PVC:
+            spec = obj.setdefault("spec", {})
+            if spec.get("storageClassName") is None:
+                sc = default_storage_class(self.store)
+                if sc is not None:
+                    spec["storageClassName"] = sc["metadata"]["name"]
+            spec.setdefault("volumeMode", "Filesystem")
+            obj["metadata"].setdefault("finalizers", [])
+            if PVC_PROTECTION not in obj["metadata"]["finalizers"]:
+                obj["metadata"]["finalizers"].append(PVC_PROTECTION)
+            obj["status"] = {"phase": "Pending"}
+        elif rt is VM:
+            obj["status"] = {}
+        elif rt is DV:
+            obj.setdefault("status", {})
+
+    def before_delete(self, rt, obj: dict, grace: int | None):
+        if rt is VMI and grace is not None:
+            guest = self.compute.guests.get(_key(obj))
+            if guest is not None:
+                guest.grace_override = grace
+        if rt is NAMESPACE:
+            name = obj["metadata"]["name"]
+            for other in BY_KIND.values():
+                if other.namespaced:
+                    for child in list(self.store.list(other, name)):
+                        self.store.delete(other, name, child["metadata"]["name"])
+
+    def vm_action(self, ns, name, action, body):
+        return self.compute.vm_action(ns, name, action, body)
+
+    def agent_call(self, ns, name, call):
+        return self.compute.agent_call(ns, name, call)
+
+    # ---------- helpers for controllers
+    def owner_ref(self, obj: dict) -> dict:
+        return {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": obj["metadata"]["name"],
+                "uid": obj["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+
+    def volume_dir(self, pvc: dict) -> str | None:
+        volume = field_value(pvc, "spec.volumeName")
+        return os.path.join(self.state_dir, "volumes", volume) if volume else None
+
+    def secret_data(self, secret: dict) -> dict[str, str]:
+        out = {}
+        for k, v in (secret.get("data") or {}).items():
+            try:
+                out[k] = base64.b64decode(v).decode()
+            except (ValueError, UnicodeDecodeError):
+                continue
+        out.update(secret.get("stringData") or {})
+        return out
+
+    def allocate_ip(self, pool: str, uid: str) -> str:
+        if uid not in self._ips[pool]:
+            self._ips[pool][uid] = self._next_ip(pool)
+        return self._ips[pool][uid]
+
+    def release_ip(self, pool: str, uid: str):
+        self._ips[pool].pop(uid, None)
+
+    def _next_ip(self, pool: str) -> str:
+        network = VMI_NETWORK if pool == "vmi" else SERVICE_NETWORK
+        used = set(self._ips[pool].values())
+        if pool == "svc":
+            used |= {field_value(s, "spec.clusterIP") for s in self.store.list(SERVICE)}
+        for host in network.hosts():
+            ip = str(host)
+            if ip.endswith(".0") or ip.endswith(".1") or ip in used:
+                continue
+            return ip
+        raise RuntimeError(f"the simulator ran out of {pool} addresses")
+
+
+def _key(obj: dict) -> tuple[str, str]:
+    return (obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
+
+
+def _raise_file_limit():
+    """Hundreds of guests and service listeners need more than the default 1024 descriptors."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            pass

@@ -1,0 +1,782 @@
+"""The KubeVirt side: VirtualMachine and VirtualMachineInstance controllers, virt-api's start/stop/
+restart, and the guest agent calls."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import os
+
+from . import errors
+from .admission import check_quota, gpu_requests
+from .guests import Guest, first_boot, guest_environment
+from .resources import BY_KIND
+from .scheduler import node_ready, schedule
+from .selectors import field_value
+from .timeutil import now_iso
+
+log = logging.getLogger(__name__)
+
+VM = BY_KIND["VirtualMachine"]
+VMI = BY_KIND["VirtualMachineInstance"]
+DV = BY_KIND["DataVolume"]
+PVC = BY_KIND["PersistentVolumeClaim"]
+NODE = BY_KIND["Node"]
+SECRET = BY_KIND["Secret"]
+
+VM_FINALIZER = "kubevirt.io/virtualMachineControllerFinalize"
+VMI_FINALIZER = "foregroundDeleteVirtualMachine"
+FINAL = ("Succeeded", "Failed")
+ATTACHED = ("Running", "Unknown")
+
+
+def condition(ctype: str, status: str, reason: str = "", message: str = "") -> dict:
+    c = {"type": ctype, "status": status, "lastProbeTime": None, "lastTransitionTime": now_iso()}
+    if reason:
+        c["reason"] = reason
+    if message:
+        c["message"] = message
+    return c
+
+
+def get_condition(obj: dict, ctype: str) -> dict | None:
+    return next((c for c in field_value(obj, "status.conditions") or [] if c.get("type") == ctype), None)
+
+
+def set_condition(status: dict, cond: dict):
+    """Replace a condition, keeping lastTransitionTime when its status did not change."""
+    conds = status.setdefault("conditions", [])
+    for i, c in enumerate(conds):
+        if c.get("type") == cond["type"]:
+            if c.get("status") == cond["status"]:
+                cond["lastTransitionTime"] = c.get("lastTransitionTime", cond["lastTransitionTime"])
+            conds[i] = cond
+            return
+    conds.append(cond)
+
+
+def drop_condition(status: dict, ctype: str):
+    status["conditions"] = [c for c in status.get("conditions") or [] if c.get("type") != ctype]
+
+
+def claim_names(spec: dict) -> list[tuple[str, str]]:
+    """(volume name, claim name) of every PVC or DataVolume volume of a VMI spec."""
+    out = []
+    for v in spec.get("volumes") or []:
+        if "persistentVolumeClaim" in v:
+            out.append((v["name"], v["persistentVolumeClaim"].get("claimName")))
+        elif "dataVolume" in v:
+            out.append((v["name"], v["dataVolume"].get("name")))
+    return out
+
+
+def run_strategy(vm: dict) -> str:
+    spec = vm.get("spec") or {}
+    if spec.get("runStrategy"):
+        return spec["runStrategy"]
+    return "Always" if spec.get("running") else "Halted"
+
+
+class Compute:
+    def __init__(self, cluster):
+        self.c = cluster
+        self.store = cluster.store
+        self.guests: dict[tuple[str, str], Guest] = {}
+        self.agents: dict[tuple[str, str], bool] = {}  # agent connectivity override per VMI
+        self.users: dict[tuple[str, str], list[dict]] = {}
+        self.gpu_utilization: dict[tuple[str, str], float] = {}
+        self.violations: list[dict] = []
+        self._stopping: set[tuple[str, str]] = set()
+
+    # ================= VirtualMachine controller
+    async def reconcile_vm(self, key):
+        ns, name = key
+        vm = self.store.get(VM, ns, name)
+        vmi = self.store.get(VMI, ns, name)
+        if vm is None:
+            return
+        meta = vm["metadata"]
+        if meta.get("deletionTimestamp"):
+            if vmi is not None:
+                self._delete_vmi(vmi)
+                return
+            if VM_FINALIZER in (meta.get("finalizers") or []):
+                new = copy.deepcopy(vm)
+                new["metadata"]["finalizers"] = [f for f in meta["finalizers"] if f != VM_FINALIZER]
+                self.store.update(VM, new, check_rv=False)
+            return
+        if VM_FINALIZER not in (meta.get("finalizers") or []):
+            new = copy.deepcopy(vm)
+            new["metadata"].setdefault("finalizers", []).append(VM_FINALIZER)
+            vm = self.store.update(VM, new, check_rv=False)
+        self._ensure_datavolume_templates(vm)
+        strategy = run_strategy(vm)
+        requests = list(field_value(vm, "status.stateChangeRequests") or [])
+        status = copy.deepcopy(vm.get("status") or {})
+        # Manual start/stop requests (and RerunOnFailure starts) come in as stateChangeRequests.
+        if requests:
+            req = requests[0]
+            if req.get("action") == "Stop":
+                if vmi is not None and (not req.get("uid") or req["uid"] == vmi["metadata"]["uid"]):
+                    self._delete_vmi(vmi)
+                    return
+                requests.pop(0)
+            elif req.get("action") == "Start":
+                if vmi is not None and vmi["metadata"].get("deletionTimestamp"):
+                    return self._write_vm_status(vm, status, vmi)  # wait for the old one to go
+                if vmi is not None and field_value(vmi, "status.phase") in FINAL:
+                    self._delete_vmi(vmi)
+                    return
+                if vmi is None:
+                    vmi = self._create_vmi(vm)
+                    if vmi is None:
+                        return self._write_vm_status(vm, status, None)
+                requests.pop(0)
+            status["stateChangeRequests"] = requests
+            if not requests:
+                status.pop("stateChangeRequests", None)
+        else:
+            want = self._wants_vmi(strategy, vm, vmi)
+            if want and vmi is not None and field_value(vmi, "status.phase") in FINAL:
+                self._delete_vmi(vmi)  # Always/RerunOnFailure: replace a finished VMI
+                return
+            if want and vmi is None:
+                vmi = self._create_vmi(vm)
+            elif want is False and vmi is not None and not vmi["metadata"].get("deletionTimestamp"):
+                if field_value(vmi, "status.phase") not in FINAL or strategy == "Halted":
+                    self._delete_vmi(vmi)
+                    vmi = self.store.get(VMI, ns, name)
+            if strategy == "Once" and vmi is not None and field_value(vmi, "status.phase") in FINAL:
+                new = copy.deepcopy(vm)
+                new["spec"]["runStrategy"] = "Halted"
+                vm = self.store.update(VM, new, check_rv=False)
+        self._write_vm_status(vm, status, vmi)
+
+    def _wants_vmi(self, strategy: str, vm: dict, vmi: dict | None) -> bool | None:
+        """True: must run; False: must not; None: leave as it is (Manual)."""
+        phase = field_value(vmi, "status.phase") if vmi else None
+        if strategy == "Always":
+            return True
+        if strategy == "Halted":
+            return False
+        if strategy == "RerunOnFailure":
+            return phase != "Succeeded"
+        if strategy == "Once":
+            # After its one run the controller switches the VM to Halted (below).
+            return True if vmi is None else None
+        return None
+
+    def _ensure_datavolume_templates(self, vm: dict):
+        ns = vm["metadata"]["namespace"]
+        for tpl in field_value(vm, "spec.dataVolumeTemplates") or []:
+            name = tpl["metadata"]["name"]
+            if self.store.get(DV, ns, name) is None:
+                obj = {"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+                       "metadata": {**copy.deepcopy(tpl.get("metadata") or {}), "namespace": ns,
+                                    "ownerReferences": [self.c.owner_ref(vm)]},
+                       "spec": copy.deepcopy(tpl.get("spec") or {})}
+                self.c.defaults(DV, obj)
+                self.store.create(DV, obj)
+
+    def _volumes_ready(self, vm: dict) -> tuple[bool, str]:
+        """Whether every DataVolume behind the VM's volumes is done; the VM status if not."""
+        ns = vm["metadata"]["namespace"]
+        spec = field_value(vm, "spec.template.spec") or {}
+        for _, claim in claim_names(spec):
+            dv = self.store.get(DV, ns, claim)
+            if dv is not None:
+                phase = field_value(dv, "status.phase")
+                if phase == "Failed":
+                    return False, "DataVolumeError"
+                if phase != "Succeeded":
+                    return False, "Provisioning"
+        return True, ""
+
+    def _create_vmi(self, vm: dict) -> dict | None:
+        ready, _ = self._volumes_ready(vm)
+        if not ready:
+            return None
+        ns, name = vm["metadata"]["namespace"], vm["metadata"]["name"]
+        template = copy.deepcopy(field_value(vm, "spec.template") or {})
+        tmeta = template.get("metadata") or {}
+        spec = template.get("spec") or {}
+        try:
+            check_quota(self.store, ns, {f"requests.{d}": n for d, n in gpu_requests(spec).items()},
+                        BY_KIND["VirtualMachineInstance"], name)
+        except errors.ApiError as err:
+            self.c.events.record(vm, "Warning", "FailedCreate", f"Error creating pod: {err.message}",
+                                 "virtualmachine-controller")
+            self.c.vm_queue.add((ns, name), self.c.t("schedule_retry"))
+            return None
+        labels = dict(tmeta.get("labels") or {})
+        labels["kubevirt.io/created-by"] = vm["metadata"]["uid"]
+        obj = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+               "metadata": {"name": name, "namespace": ns, "labels": labels,
+                            "annotations": dict(tmeta.get("annotations") or {}),
+                            "ownerReferences": [self.c.owner_ref(vm)], "finalizers": [VMI_FINALIZER]},
+               "spec": spec, "status": {"phase": "Pending", "phaseTransitionTimestamps": [
+                   {"phase": "Pending", "phaseTransitionTimestamp": now_iso()}]}}
+        obj["spec"].setdefault("terminationGracePeriodSeconds", 180)
+        vmi = self.store.create(VMI, obj)
+        self.c.events.record(vm, "Normal", "SuccessfulCreate", f"Started the virtual machine by creating the new "
+                             f"virtual machine instance {name}", "virtualmachine-controller")
+        return vmi
+
+    def _delete_vmi(self, vmi: dict):
+        if not vmi["metadata"].get("deletionTimestamp"):
+            self.store.delete(VMI, vmi["metadata"]["namespace"], vmi["metadata"]["name"])
+
+    def _write_vm_status(self, vm: dict, status: dict, vmi: dict | None):
+        ready_volumes, volume_state = self._volumes_ready(vm)
+        phase = field_value(vmi, "status.phase") if vmi else None
+        strategy = run_strategy(vm)
+        status["created"] = vmi is not None and phase not in FINAL
+        status["ready"] = bool(vmi and (get_condition(vmi, "Ready") or {}).get("status") == "True")
+        status["runStrategy"] = strategy
+        status["printableStatus"] = self._printable(vm, vmi, volume_state, strategy, status)
+        status["desiredGeneration"] = vm["metadata"].get("generation", 1)
+        status["observedGeneration"] = vm["metadata"].get("generation", 1)
+        if not status["created"]:
+            status.pop("created")
+        if not status["ready"]:
+            status.pop("ready")
+        ready = condition("Ready", "True" if status.get("ready") else "False",
+                          "" if status.get("ready") else ("VMINotExists" if vmi is None else "PodNotReady"),
+                          "" if status.get("ready") else ("VMI does not exist" if vmi is None else ""))
+        set_condition(status, ready)
+        scheduled = get_condition(vmi, "PodScheduled") if vmi else None
+        if scheduled and scheduled.get("status") == "False":
+            set_condition(status, dict(scheduled))
+        else:
+            drop_condition(status, "PodScheduled")
+        for c in status.get("conditions") or []:
+            c.pop("lastProbeTime", None)
+        if status != (vm.get("status") or {}):
+            new = copy.deepcopy(vm)
+            new["status"] = status
+            self.store.update(VM, new, subresource="status", check_rv=False)
+
+    def _printable(self, vm, vmi, volume_state, strategy, status) -> str:
+        phase = field_value(vmi, "status.phase") if vmi else None
+        if vm["metadata"].get("deletionTimestamp"):
+            return "Terminating"
+        if vmi is not None and phase not in FINAL and (vmi["metadata"].get("deletionTimestamp")
+                                                       or strategy == "Halted"):
+            return "Stopping"
+        if phase == "Running":
+            return "Running"
+        if volume_state == "Provisioning" and (vmi is None or phase not in ("Running",)):
+            if strategy != "Halted" or vmi is not None or status.get("stateChangeRequests"):
+                return "Provisioning"
+        if vmi is not None and phase not in FINAL:
+            sched = get_condition(vmi, "PodScheduled")
+            if sched and sched.get("status") == "False" and sched.get("reason") == "Unschedulable":
+                return "ErrorUnschedulable"
+            sync = get_condition(vmi, "Synchronized")
+            if sync and sync.get("reason") == "FailedPvcNotFound":
+                return "ErrorPvcNotFound"
+            if sync and sync.get("reason") == "PVCNotBound":
+                return "WaitingForVolumeBinding"
+        if volume_state == "DataVolumeError":
+            return "DataVolumeError"
+        if vmi is not None and phase in ("Pending", "Scheduling", "Scheduled"):
+            return "Starting"
+        if phase == "Unknown":
+            return "Unknown"
+        if vmi is None or phase in FINAL:
+            return "Stopped"
+        return "Unknown"
+
+    # ================= virt-api: start / stop / restart
+    def vm_action(self, ns: str, name: str, action: str, body: dict):
+        vm = self.store.get(VM, ns, name)
+        if vm is None:
+            raise errors.not_found(VM, name)
+        vmi = self.store.get(VMI, ns, name)
+        phase = field_value(vmi, "status.phase") if vmi else None
+        final = vmi is not None and phase in FINAL
+        strategy = run_strategy(vm)
+        if action == "start":
+            if vmi is not None and not final and phase not in (None, "Unknown"):
+                raise errors.subresource_conflict(VM, name, "VM is already running")
+            if strategy in ("Always", "Once"):
+                raise errors.subresource_conflict(VM, name, f"{strategy} does not support manual start requests")
+            if strategy == "Halted":
+                return self._set_running(vm, True)
+            if strategy == "RerunOnFailure" and phase == "Failed":
+                raise errors.subresource_conflict(VM, name, "RerunOnFailure does not support starting VM from "
+                                                            "failed state")
+            reqs = []
+            if final:
+                reqs.append({"action": "Stop", "uid": vmi["metadata"]["uid"]})
+            reqs.append({"action": "Start"})
+            return self._add_requests(vm, reqs)
+        if action == "stop":
+            grace = body.get("gracePeriod")
+            has_vmi = vmi is not None and not final
+            old_grace = field_value(vmi, "spec.terminationGracePeriodSeconds") if vmi else None
+            if has_vmi and grace is not None:
+                new_vmi = copy.deepcopy(vmi)
+                new_vmi["spec"]["terminationGracePeriodSeconds"] = int(grace)
+                self.store.update(VMI, new_vmi, check_rv=False)
+                self._hurry(vmi, int(grace))
+            if strategy == "Halted":
+                if not has_vmi:
+                    raise errors.subresource_conflict(VM, name, "VM is not running")
+                if grace is None or (old_grace is not None and int(grace) >= old_grace):
+                    raise errors.subresource_conflict(VM, name, "Halted only supports manual stop requests with "
+                                                                "a shorter graceperiod")
+                return self._add_requests(vm, [{"action": "Stop", "uid": vmi["metadata"]["uid"]}])
+            if strategy == "Manual":
+                if not has_vmi:
+                    raise errors.subresource_conflict(VM, name, "VM is not running")
+                return self._add_requests(vm, [{"action": "Stop", "uid": vmi["metadata"]["uid"]}])
+            return self._set_running(vm, False)
+        if action == "restart":
+            if strategy == "Halted" or vmi is None:
+                raise errors.subresource_conflict(VM, name, "VM is not running")
+            if vmi["metadata"].get("deletionTimestamp"):
+                raise errors.subresource_conflict(VM, name, "Halted does not support manual restart requests"
+                                                  if strategy == "Halted" else "VM is stopping")
+            grace = body.get("gracePeriodSeconds")
+            if grace is not None:
+                self._hurry(vmi, int(grace))
+            return self._add_requests(vm, [{"action": "Stop", "uid": vmi["metadata"]["uid"]}, {"action": "Start"}])
+        raise errors.bad_request(f"unknown action {action}")
+
+    def _set_running(self, vm: dict, running: bool):
+        new = copy.deepcopy(vm)
+        if new["spec"].get("running") is not None:
+            new["spec"]["running"] = running
+        else:
+            new["spec"]["runStrategy"] = "Always" if running else "Halted"
+        self.store.update(VM, new, check_rv=False)
+
+    def _add_requests(self, vm: dict, reqs: list[dict]):
+        new = copy.deepcopy(vm)
+        status = new.setdefault("status", {})
+        status["stateChangeRequests"] = list(status.get("stateChangeRequests") or []) + reqs
+        self.store.update(VM, new, subresource="status", check_rv=False)
+
+    def _hurry(self, vmi: dict, grace: int):
+        g = self.guests.get((vmi["metadata"]["namespace"], vmi["metadata"]["name"]))
+        if g is not None:
+            g.grace_override = grace
+
+    # ================= VirtualMachineInstance controller
+    async def reconcile_vmi(self, key):
+        ns, name = key
+        vmi = self.store.get(VMI, ns, name)
+        if vmi is None:
+            return
+        phase = field_value(vmi, "status.phase") or "Pending"
+        if vmi["metadata"].get("deletionTimestamp"):
+            return await self._terminate(vmi)
+        if phase in FINAL:
+            self._release(vmi)
+            return
+        if phase == "Pending":
+            problem = self._volume_problem(vmi)
+            if problem:
+                reason, message = problem
+                status = copy.deepcopy(vmi["status"])
+                set_condition(status, condition("Synchronized", "False", reason, message))
+                self._write_vmi_status(vmi, status)
+                self.c.events.record(vmi, "Warning", reason, message, "virtualmachine-controller")
+                self.c.vmi_queue.add(key, self.c.t("schedule_retry"))
+                return
+            status = copy.deepcopy(vmi["status"])
+            drop_condition(status, "Synchronized")
+            self._phase(status, "Scheduling")
+            self._write_vmi_status(vmi, status)
+            self.c.vmi_queue.add(key, self.c.t("schedule"))
+            return
+        if phase == "Scheduling":
+            nodes = self.store.list(NODE)
+            placed = [v for v in self.store.list(VMI) if v["metadata"]["uid"] != vmi["metadata"]["uid"]]
+            node, message = schedule(vmi, nodes, placed)
+            status = copy.deepcopy(vmi["status"])
+            if node is None:
+                set_condition(status, condition("PodScheduled", "False", "Unschedulable", message))
+                if self._write_vmi_status(vmi, status) or not self._reported_unschedulable(vmi, message):
+                    self.c.events.record(vmi, "Warning", "FailedScheduling", message, "default-scheduler")
+                self.c.vmi_queue.add(key, self.c.t("schedule_retry"))
+                return
+            status["nodeName"] = node
+            self._phase(status, "Scheduled")
+            set_condition(status, condition("PodScheduled", "True"))
+            self._write_vmi_status(vmi, status)
+            self.c.events.record(vmi, "Normal", "Scheduled", f"Successfully assigned {ns}/virt-launcher-{name} "
+                                 f"to {node}", "default-scheduler")
+            self.c.vmi_queue.add(key, self.c.t("launch"))
+            return
+        if phase == "Scheduled":
+            blocked = self._attach_blocker(vmi)
+            if blocked:
+                self.c.events.record(vmi, "Warning", "FailedAttachVolume", blocked, "attachdetach-controller")
+                self.c.vmi_queue.add(key, self.c.t("schedule_retry"))
+                return
+            await self._boot(vmi)
+            return
+        if phase in ("Running", "Unknown"):
+            self._sync_running(vmi)
+
+    def _phase(self, status: dict, phase: str):
+        status["phase"] = phase
+        status.setdefault("phaseTransitionTimestamps", []).append(
+            {"phase": phase, "phaseTransitionTimestamp": now_iso()})
+
+    def _reported_unschedulable(self, vmi, message) -> bool:
+        return (get_condition(vmi, "PodScheduled") or {}).get("message") == message
+
+    def _write_vmi_status(self, vmi: dict, status: dict) -> bool:
+        if status == vmi.get("status"):
+            return False
+        new = copy.deepcopy(vmi)
+        new["status"] = status
+        self.store.update(VMI, new, subresource="status", check_rv=False)
+        return True
+
+    def _volume_problem(self, vmi: dict) -> tuple[str, str] | None:
+        ns = vmi["metadata"]["namespace"]
+        for _, claim in claim_names(vmi.get("spec") or {}):
+            pvc = self.store.get(PVC, ns, claim)
+            if pvc is None:
+                return "FailedPvcNotFound", f"PVC {ns}/{claim} does not exist, waiting for it to appear"
+            if field_value(pvc, "status.phase") != "Bound":
+                return "PVCNotBound", f"PVC {ns}/{claim} is not bound yet"
+        return None
+
+    def attachments(self, ns: str, claim: str, exclude_uid: str | None = None) -> list[dict]:
+        """VMIs that hold a claim attached now (a VMI on a lost node still holds it)."""
+        out = []
+        for v in self.store.list(VMI, ns):
+            if v["metadata"]["uid"] == exclude_uid or field_value(v, "status.phase") not in ATTACHED:
+                continue
+            if claim in (c for _, c in claim_names(v.get("spec") or {})):
+                out.append(v)
+        return out
+
+    def _attach_blocker(self, vmi: dict) -> str | None:
+        ns = vmi["metadata"]["namespace"]
+        node = field_value(vmi, "status.nodeName")
+        for _, claim in claim_names(vmi.get("spec") or {}):
+            pvc = self.store.get(PVC, ns, claim)
+            if pvc is None or "ReadWriteOnce" not in (field_value(pvc, "spec.accessModes") or []):
+                continue
+            others = self.attachments(ns, claim, vmi["metadata"]["uid"])
+            elsewhere = [o for o in others if field_value(o, "status.nodeName") != node]
+            if elsewhere:
+                return (f'Multi-Attach error for volume "{field_value(pvc, "spec.volumeName")}" Volume is already '
+                        f"used by pod(s) virt-launcher-{elsewhere[0]['metadata']['name']} on node "
+                        f"{field_value(elsewhere[0], 'status.nodeName')}")
+        return None
+
+    async def _boot(self, vmi: dict):
+        ns, name = vmi["metadata"]["namespace"], vmi["metadata"]["name"]
+        key = (ns, name)
+        for vol, claim in claim_names(vmi.get("spec") or {}):
+            for other in self.attachments(ns, claim, vmi["metadata"]["uid"]):
+                self.violations.append({"time": now_iso(), "namespace": ns, "claim": claim, "volume": vol,
+                                        "vmis": [other["metadata"]["name"], name],
+                                        "nodes": [field_value(other, "status.nodeName"),
+                                                  field_value(vmi, "status.nodeName")]})
+        ip = self.c.allocate_ip("vmi", vmi["metadata"]["uid"])
+        root = self.root_dir(vmi)
+        status = copy.deepcopy(vmi["status"])
+        self._phase(status, "Running")
+        status["interfaces"] = [{"name": "default", "ipAddress": ip, "ipAddresses": [ip], "mac": _mac(ip),
+                                 "infoSource": "domain, guest-agent", "interfaceName": "enp1s0",
+                                 "podInterfaceName": "eth0", "queueCount": 1}]
+        status["guestOSInfo"] = {}
+        status["launcherContainerImageVersion"] = "quay.io/kubevirt/virt-launcher:v1.9.0"
+        status["volumeStatus"] = [{"name": vol, "target": f"vd{chr(97 + i)}",
+                                   **({"persistentVolumeClaimInfo": {"claimName": claim}} if claim else {})}
+                                  for i, (vol, claim) in enumerate(claim_names(vmi.get("spec") or {}))]
+        set_condition(status, condition("Ready", "True"))
+        set_condition(status, condition("LiveMigratable", "False", "DisksNotLiveMigratable",
+                                        "cannot migrate VMI: PVC is not shared, live migration requires that all "
+                                        "PVCs must be shared (using ReadWriteMany access mode)"))
+        self._write_vmi_status(vmi, status)
+        self.c.events.record(vmi, "Normal", "Started", "VirtualMachineInstance started.", "virt-handler")
+        if root is not None:
+            first_boot(root)
+            await self._start_guest(vmi, ip, root)
+        self.c.vmi_queue.add(key, self.c.t("agent"))
+
+    def root_dir(self, vmi: dict) -> str | None:
+        """The directory of the first disk's volume: the machine's root filesystem."""
+        ns = vmi["metadata"]["namespace"]
+        disks = field_value(vmi, "spec.domain.devices.disks") or []
+        claims = dict(claim_names(vmi.get("spec") or {}))
+        for disk in disks:
+            claim = claims.get(disk.get("name"))
+            if claim:
+                pvc = self.store.get(PVC, ns, claim)
+                if pvc is not None:
+                    return self.c.volume_dir(pvc)
+        return None
+
+    def guest_env(self, vmi: dict) -> dict:
+        ns = vmi["metadata"]["namespace"]
+        datas = []
+        for v in field_value(vmi, "spec.volumes") or []:
+            names = []
+            if "secret" in v:
+                names.append(v["secret"].get("secretName"))
+            for source in ("cloudInitNoCloud", "cloudInitConfigDrive"):
+                if source in v:
+                    for ref in ("secretRef", "networkDataSecretRef"):
+                        if (v[source].get(ref) or {}).get("name"):
+                            names.append(v[source][ref]["name"])
+            for secret_name in names:
+                secret = self.store.get(SECRET, ns, secret_name)
+                if secret is not None:
+                    datas.append(self.c.secret_data(secret))
+        return guest_environment(datas)
+
+    async def _start_guest(self, vmi: dict, ip: str, root: str):
+        key = (vmi["metadata"]["namespace"], vmi["metadata"]["name"])
+        old = self.guests.pop(key, None)
+        if old is not None:
+            old.kill()
+        guest = Guest(key, ip, root, self.guest_env(vmi),
+                      os.path.join(self.c.state_dir, "guests", f"{key[0]}_{key[1]}.log"), self.c.guest_command)
+        guest.grace_override = None
+        guest.uid = vmi["metadata"]["uid"]
+        self.guests[key] = guest
+        try:
+            if self.c.guest_mode == "null":
+                await guest.start_null()
+            else:
+                await guest.start_process()
+        except OSError as exc:
+            log.error("guest %s/%s could not start: %s", *key, exc)
+            self._guest_exited(guest, 1)
+            return
+        asyncio.get_running_loop().create_task(self._watch_guest(guest))
+
+    async def _watch_guest(self, guest: Guest):
+        code = await guest.wait()
+        self._guest_exited(guest, code)
+
+    def _guest_exited(self, guest: Guest, code: int):
+        ns, name = guest.key
+        if self.guests.get(guest.key) is guest:
+            del self.guests[guest.key]
+        if guest.key in self._stopping:
+            return  # a requested shutdown: _terminate finishes the VMI
+        vmi = self.store.get(VMI, ns, name)
+        if vmi is None or vmi["metadata"]["uid"] != guest.uid or field_value(vmi, "status.phase") != "Running":
+            return
+        status = copy.deepcopy(vmi["status"])
+        self._phase(status, "Succeeded" if code == 0 else "Failed")
+        set_condition(status, condition("Ready", "False", "PodTerminating" if code == 0 else "PodFailed"))
+        self._write_vmi_status(vmi, status)
+        self.c.events.record(vmi, "Normal" if code == 0 else "Warning", "Stopped" if code == 0 else "Failed",
+                             "The VirtualMachineInstance was shut down." if code == 0 else
+                             f"The VirtualMachineInstance crashed (guest exited with {code}).", "virt-handler")
+
+    def agent_connected(self, vmi: dict) -> bool:
+        key = (vmi["metadata"]["namespace"], vmi["metadata"]["name"])
+        return self.agents.get(key, True) and field_value(vmi, "status.phase") == "Running" \
+            and key in self.guests and self.guests[key].alive
+
+    def _sync_running(self, vmi: dict):
+        ns, name = vmi["metadata"]["namespace"], vmi["metadata"]["name"]
+        node = self.store.get(NODE, "", field_value(vmi, "status.nodeName") or "")
+        status = copy.deepcopy(vmi["status"])
+        if node is not None and not node_ready(node):
+            if status["phase"] != "Unknown":
+                self._phase(status, "Unknown")
+                set_condition(status, condition("Ready", "False", "NodeUnresponsive",
+                                                f"virt-handler on node {node['metadata']['name']} is not responsive"))
+                drop_condition(status, "AgentConnected")
+                self._write_vmi_status(vmi, status)
+            return
+        if status["phase"] == "Unknown":
+            self._phase(status, "Running")
+            set_condition(status, condition("Ready", "True"))
+        if (ns, name) not in self.guests and self.c.started and self.root_dir(vmi) is not None:
+            # The simulator restarted under a running machine: bring its guest back.
+            asyncio.get_running_loop().create_task(self._start_guest(
+                vmi, field_value(vmi, "status.interfaces")[0]["ipAddress"], self.root_dir(vmi)))
+        if self.agent_connected(vmi) and self._agent_due(vmi):
+            set_condition(status, condition("AgentConnected", "True"))
+            status["guestOSInfo"] = self.guest_os_info(vmi)
+            status["guestOSInfo"].pop("_", None)
+        else:
+            drop_condition(status, "AgentConnected")
+        self._write_vmi_status(vmi, status)
+
+    def _agent_due(self, vmi: dict) -> bool:
+        """The agent comes up a little after boot (the `agent` delay)."""
+        stamps = field_value(vmi, "status.phaseTransitionTimestamps") or []
+        running = [s for s in stamps if s["phase"] == "Running"]
+        if not running:
+            return False
+        from .timeutil import parse_iso
+        elapsed = (parse_iso(now_iso()) - parse_iso(running[-1]["phaseTransitionTimestamp"])).total_seconds()
+        due = self.c.t("agent")
+        if elapsed + 1 >= due:  # timestamps have one-second resolution
+            return True
+        self.c.vmi_queue.add((vmi["metadata"]["namespace"], vmi["metadata"]["name"]), due - elapsed)
+        return False
+
+    async def _terminate(self, vmi: dict):
+        ns, name = vmi["metadata"]["namespace"], vmi["metadata"]["name"]
+        key = (ns, name)
+        if key in self._stopping:
+            return
+        guest = self.guests.get(key)
+        phase = field_value(vmi, "status.phase")
+        if guest is not None and phase in ("Running", "Unknown"):
+            self._stopping.add(key)
+            grace = guest.grace_override
+            if grace is None:
+                grace = vmi["metadata"].get("deletionGracePeriodSeconds")
+            if grace is None:
+                grace = field_value(vmi, "spec.terminationGracePeriodSeconds") or 180
+            try:
+                await guest.stop(float(grace))
+            finally:
+                self._stopping.discard(key)
+                self.guests.pop(key, None)
+            vmi = self.store.get(VMI, ns, name)
+            if vmi is None:
+                return
+        status = copy.deepcopy(vmi.get("status") or {})
+        if status.get("phase") not in FINAL:
+            self._phase(status, "Succeeded")
+            set_condition(status, condition("Ready", "False", "PodTerminating"))
+            self._write_vmi_status(vmi, status)
+            self.c.events.record(vmi, "Normal", "Deleted", "Signaled Deletion", "virt-handler")
+            vmi = self.store.get(VMI, ns, name)
+        self._release(vmi)
+        new = copy.deepcopy(vmi)
+        new["metadata"]["finalizers"] = [f for f in vmi["metadata"].get("finalizers") or [] if f != VMI_FINALIZER]
+        self.store.update(VMI, new, check_rv=False)
+
+    def _release(self, vmi: dict):
+        self.c.release_ip("vmi", vmi["metadata"]["uid"])
+        # Capacity and attachments are derived from VMI phases, so waiting VMIs may fit now.
+        for other in self.store.list(VMI):
+            if field_value(other, "status.phase") in ("Scheduling", "Scheduled", "Pending"):
+                self.c.vmi_queue.add((other["metadata"]["namespace"], other["metadata"]["name"]))
+
+    # ================= nodes lost, fenced, recovered
+    def node_lost(self, node_name: str):
+        self._set_node_ready(node_name, "Unknown", "NodeStatusUnknown", "Kubelet stopped posting node status.")
+
+    def node_recovered(self, node_name: str):
+        self._set_node_ready(node_name, "True", "KubeletReady", "kubelet is posting ready status")
+
+    def node_fenced(self, node_name: str):
+        """An admin confirmed the node is powered off: its guests die, its VMIs fail, volumes detach."""
+        self._set_node_ready(node_name, "Unknown", "NodeFenced", "The node was fenced (powered off).")
+        for vmi in self.store.list(VMI):
+            if field_value(vmi, "status.nodeName") != node_name or field_value(vmi, "status.phase") in FINAL:
+                continue
+            key = (vmi["metadata"]["namespace"], vmi["metadata"]["name"])
+            guest = self.guests.pop(key, None)
+            if guest is not None:
+                self._stopping.add(key)
+                guest.kill()
+                self._stopping.discard(key)
+            status = copy.deepcopy(vmi["status"])
+            self._phase(status, "Failed")
+            status["reason"] = "NodeFenced"
+            set_condition(status, condition("Ready", "False", "NodeFenced", f"node {node_name} was fenced"))
+            self._write_vmi_status(vmi, status)
+            self.c.events.record(vmi, "Warning", "Failed", f"The node {node_name} was fenced; the "
+                                 "VirtualMachineInstance is gone.", "virt-controller")
+            self._release(vmi)
+
+    def _set_node_ready(self, node_name: str, ready: str, reason: str, message: str):
+        node = self.store.get(NODE, "", node_name)
+        if node is None:
+            raise errors.not_found(NODE, node_name)
+        new = copy.deepcopy(node)
+        set_condition(new.setdefault("status", {}), {**condition("Ready", ready, reason, message),
+                                                     "lastHeartbeatTime": now_iso()})
+        for c in new["status"]["conditions"]:
+            c.pop("lastProbeTime", None)
+        taints = [t for t in field_value(new, "spec.taints") or [] if t.get("key") != "node.kubernetes.io/unreachable"]
+        if ready != "True":
+            taints.append({"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule", "timeAdded": now_iso()})
+        new.setdefault("spec", {})["taints"] = taints
+        self.store.update(NODE, new, check_rv=False)
+        for vmi in self.store.list(VMI):
+            if field_value(vmi, "status.nodeName") == node_name:
+                self.c.vmi_queue.add((vmi["metadata"]["namespace"], vmi["metadata"]["name"]))
+
+    # ================= the guest agent
+    def agent_call(self, ns: str, name: str, call: str) -> dict:
+        vmi = self.store.get(VMI, ns, name)
+        if vmi is None:
+            raise errors.not_found(VMI, name)
+        if field_value(vmi, "status.phase") != "Running":
+            raise errors.agent_unavailable("VMI is not running")
+        if not self.agent_connected(vmi):
+            raise errors.agent_unavailable("VMI does not have guest agent connected")
+        if call == "guestosinfo":
+            info = self.guest_os_info(vmi)
+            return {"guestAgentVersion": "8.2.2", "hostname": name, "os": info, "timezone": "UTC, 0",
+                    "userList": self.users.get((ns, name), []),
+                    "fsInfo": {"disks": self.filesystems(vmi)},
+                    "supportedCommands": [{"name": c, "enabled": True} for c in
+                                          ("guest-info", "guest-get-osinfo", "guest-get-users",
+                                           "guest-get-fsinfo", "guest-fsfreeze-freeze", "guest-shutdown")]}
+        if call == "userlist":
+            return {"metadata": {}, "items": self.users.get((ns, name), [])}
+        if call == "filesystemlist":
+            return {"metadata": {}, "items": self.filesystems(vmi)}
+        raise errors.bad_request(f"unknown guest agent call {call}")
+
+    def guest_os_info(self, vmi: dict) -> dict:
+        root = self.root_dir(vmi)
+        release = {}
+        if root:
+            try:
+                with open(os.path.join(root, "etc", "os-release")) as f:
+                    for line in f:
+                        if "=" in line:
+                            k, v = line.rstrip("\n").split("=", 1)
+                            release[k] = v.strip('"')
+            except OSError:
+                pass
+        return {"name": release.get("NAME", "Linux"), "prettyName": release.get("PRETTY_NAME", "Linux"),
+                "version": release.get("VERSION", ""), "versionId": release.get("VERSION_ID", ""),
+                "id": release.get("ID", "linux"), "kernelRelease": "6.8.0-45-generic",
+                "kernelVersion": "#45-Ubuntu SMP PREEMPT_DYNAMIC", "machine": "x86_64"}
+
+    def filesystems(self, vmi: dict) -> list[dict]:
+        root = self.root_dir(vmi)
+        if root is None:
+            return []
+        ns = vmi["metadata"]["namespace"]
+        claims = dict(claim_names(vmi.get("spec") or {}))
+        pvc = self.store.get(PVC, ns, claims.get((field_value(vmi, "spec.domain.devices.disks") or [{}])[0]
+                                                 .get("name"), ""))
+        from .quantity import parse_quantity
+        total = int(parse_quantity(field_value(pvc, "status.capacity.storage") or "0")) if pvc else 0
+        used = directory_size(root)
+        return [{"diskName": "vda1", "mountPoint": "/", "fileSystemType": "ext4", "usedBytes": used,
+                 "totalBytes": max(total, used), "disk": [{"busType": "virtio", "serial": "rootdisk"}]}]
+
+
+def directory_size(path: str) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def _mac(ip: str) -> str:
+    parts = [int(p) for p in ip.split(".")]
+    return "02:00:%02x:%02x:%02x:%02x" % tuple(parts)

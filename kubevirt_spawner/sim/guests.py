@@ -1,0 +1,167 @@
+"""The simulated guests: one local process per running VMI whose machine root is its root disk.
+
+`process` mode runs a real Jupyter server (by default `jupyterhub-singleuser` when the VM got a
+JupyterHub environment, else `jupyter-server`) bound to the VMI's own loopback address.
+`null` mode runs no process: one tiny shared responder answers Jupyter's `/api` on each address,
+which is enough for scale tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import sys
+import uuid
+
+log = logging.getLogger(__name__)
+
+JUPYTER_PORT = 8888
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def guest_environment(secret_datas: list[dict[str, str]]) -> dict[str, str]:
+    """Env vars a VM receives through its Secret disks: keys that are valid variable names, and
+    `KEY=VALUE` lines of keys ending in `.env`."""
+    env: dict[str, str] = {}
+    for data in secret_datas:
+        for key, value in data.items():
+            if key.endswith(".env"):
+                for line in value.splitlines():
+                    line = line.strip()
+                    if line and not line.startswith("#") and "=" in line:
+                        k, v = line.split("=", 1)
+                        env[k.strip()] = v.strip().strip('"')
+            elif _ENV_NAME.match(key):
+                env[key] = value
+    return env
+
+
+def first_boot(root: str):
+    """What cloud-init does on a clone's first boot: a fresh machine-id."""
+    path = os.path.join(root, "etc", "machine-id")
+    try:
+        with open(path) as f:
+            current = f.read().strip()
+    except FileNotFoundError:
+        current = "uninitialized"
+    if current in ("", "uninitialized"):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(uuid.uuid4().hex + "\n")
+
+
+def default_command(env: dict[str, str]) -> list[str]:
+    bindir = os.path.dirname(sys.executable)
+    if env.get("JUPYTERHUB_API_TOKEN"):
+        exe = shutil.which("jupyterhub-singleuser", path=bindir + os.pathsep + os.environ.get("PATH", ""))
+        cmd = [exe or "jupyterhub-singleuser"]
+    else:
+        exe = shutil.which("jupyter-server", path=bindir + os.pathsep + os.environ.get("PATH", ""))
+        cmd = [exe or "jupyter-server", "--IdentityProvider.token=", "--ServerApp.password=",
+               "--ServerApp.disable_check_xsrf=True"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-root")
+    return cmd
+
+
+class Guest:
+    def __init__(self, key, ip: str, root: str, env: dict[str, str], log_path: str, command: list[str] | None):
+        self.key, self.ip, self.root, self.env = key, ip, root, env
+        self.log_path = log_path
+        self.command = command
+        self.proc: asyncio.subprocess.Process | None = None
+        self.null_server: asyncio.AbstractServer | None = None
+
+    async def start_process(self):
+        user = self.env.get("JUPYTERHUB_USER") or "jovyan"
+        home = os.path.join(self.root, "home", user)
+        os.makedirs(home, exist_ok=True)
+        env = dict(os.environ)
+        env.update(self.env)
+        prefix = self.env.get("JUPYTERHUB_SERVICE_PREFIX", "/")
+        env.update({"HOME": home, "USER": user, "JUPYTER_RUNTIME_DIR": os.path.join(home, ".local/share/jupyter/runtime"),
+                    "JUPYTERHUB_SERVICE_URL": f"http://{self.ip}:{JUPYTER_PORT}{prefix}",
+                    "KUBEVIRT_SIM_MACHINE_ROOT": self.root})
+        cmd = list(self.command or default_command(self.env))
+        cmd += [f"--ip={self.ip}", f"--port={JUPYTER_PORT}", f"--ServerApp.root_dir={self.root}",
+                "--ServerApp.open_browser=False"]
+        os.makedirs(os.path.dirname(self.log_path), exist_ok=True)
+        logfile = open(self.log_path, "ab")
+        try:
+            self.proc = await asyncio.create_subprocess_exec(*cmd, cwd=self.root, env=env, stdout=logfile,
+                                                             stderr=asyncio.subprocess.STDOUT,
+                                                             start_new_session=True)
+        finally:
+            logfile.close()
+
+    async def start_null(self):
+        self.null_server = await asyncio.start_server(_null_responder, self.ip, JUPYTER_PORT)
+
+    @property
+    def alive(self) -> bool:
+        if self.null_server is not None:
+            return self.null_server.is_serving()
+        return self.proc is not None and self.proc.returncode is None
+
+    async def wait(self) -> int:
+        if self.proc is not None:
+            return await self.proc.wait()
+        if self.null_server is not None:
+            await self.null_server.wait_closed()
+        return 0
+
+    async def stop(self, grace: float):
+        """ACPI shutdown: SIGTERM, then SIGKILL when the grace period is over."""
+        if self.null_server is not None:
+            self.null_server.close()
+            return 0
+        if self.proc is None or self.proc.returncode is not None:
+            return self.proc.returncode if self.proc else 0
+        _signal_group(self.proc.pid, signal.SIGTERM)
+        try:
+            return await asyncio.wait_for(self.proc.wait(), max(grace, 0.1))
+        except asyncio.TimeoutError:
+            _signal_group(self.proc.pid, signal.SIGKILL)
+            return await self.proc.wait()
+
+    def kill(self):
+        if self.null_server is not None:
+            self.null_server.close()
+        elif self.proc is not None and self.proc.returncode is None:
+            _signal_group(self.proc.pid, signal.SIGKILL)
+
+
+def _signal_group(pid: int, sig):
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+async def _null_responder(reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+    """Answers any HTTP request the way Jupyter answers `GET /api`."""
+    try:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":", 1)[1])
+            if length:
+                await reader.readexactly(length)
+            body = json.dumps({"version": "2.0.0-sim-null-guest"}).encode()
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                         + str(len(body)).encode() + b"\r\n\r\n" + body)
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
+        pass
+    finally:
+        writer.close()

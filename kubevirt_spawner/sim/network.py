@@ -1,0 +1,126 @@
+"""Services: Endpoints from the VMIs behind each selector, and a kube-proxy that forwards
+`clusterIP:port` on loopback to the current VMI's address."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+
+from .compute import VMI
+from .resources import BY_KIND
+from .selectors import field_value, match_labels_matcher
+
+log = logging.getLogger(__name__)
+
+SERVICE = BY_KIND["Service"]
+ENDPOINTS = BY_KIND["Endpoints"]
+
+
+class Network:
+    def __init__(self, cluster):
+        self.c = cluster
+        self.store = cluster.store
+        self.listeners: dict[tuple[str, str], dict[int, asyncio.AbstractServer]] = {}
+
+    def backends(self, svc: dict) -> list[str]:
+        selector = field_value(svc, "spec.selector")
+        if not selector:
+            return []
+        match = match_labels_matcher(selector)
+        out = []
+        for vmi in self.store.list(VMI, svc["metadata"]["namespace"]):
+            if field_value(vmi, "status.phase") != "Running" or vmi["metadata"].get("deletionTimestamp"):
+                continue
+            if match(vmi["metadata"].get("labels") or {}):
+                ip = (field_value(vmi, "status.interfaces") or [{}])[0].get("ipAddress")
+                if ip:
+                    out.append(ip)
+        return sorted(out)
+
+    async def reconcile_service(self, key):
+        ns, name = key
+        svc = self.store.get(SERVICE, ns, name)
+        if svc is None:
+            await self._close(key)
+            ep = self.store.get(ENDPOINTS, ns, name)
+            if ep is not None:
+                self.store.delete(ENDPOINTS, ns, name)
+            return
+        addresses = self.backends(svc)
+        ports = [{"name": p.get("name", ""), "port": _target(p), "protocol": p.get("protocol", "TCP")}
+                 for p in field_value(svc, "spec.ports") or []]
+        subsets = [{"addresses": [{"ip": ip} for ip in addresses], "ports": ports}] if addresses else []
+        body = {"apiVersion": "v1", "kind": "Endpoints",
+                "metadata": {"name": name, "namespace": ns, "labels": svc["metadata"].get("labels") or {}},
+                "subsets": subsets}
+        ep = self.store.get(ENDPOINTS, ns, name)
+        if ep is None:
+            self.store.create(ENDPOINTS, body)
+        elif ep.get("subsets") != subsets:
+            new = copy.deepcopy(ep)
+            new["subsets"] = subsets
+            self.store.update(ENDPOINTS, new, check_rv=False)
+        await self._listen(svc)
+
+    async def _listen(self, svc: dict):
+        ip = field_value(svc, "spec.clusterIP")
+        if not ip or ip == "None":
+            return
+        key = (svc["metadata"]["namespace"], svc["metadata"]["name"])
+        open_ports = self.listeners.setdefault(key, {})
+        wanted = {int(p["port"]): p for p in field_value(svc, "spec.ports") or []}
+        for port in list(open_ports):
+            if port not in wanted:
+                open_ports.pop(port).close()
+        for port, spec in wanted.items():
+            if port in open_ports:
+                continue
+            try:
+                open_ports[port] = await asyncio.start_server(
+                    lambda r, w, k=key, p=spec: self._forward(r, w, k, p), ip, port)
+            except OSError as exc:
+                log.warning("service %s/%s: cannot listen on %s:%s (%s)", *key, ip, port, exc)
+
+    async def _close(self, key):
+        for server in self.listeners.pop(key, {}).values():
+            server.close()
+
+    async def close_all(self):
+        for key in list(self.listeners):
+            await self._close(key)
+
+    async def _forward(self, reader, writer, key, port_spec):
+        svc = self.store.get(SERVICE, *key)
+        backends = self.backends(svc) if svc else []
+        if not backends:
+            writer.close()
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection(backends[0], _target(port_spec))
+        except OSError:
+            writer.close()
+            return
+        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+
+
+def _target(port: dict) -> int:
+    target = port.get("targetPort", port.get("port"))
+    return int(target) if str(target).isdigit() else int(port.get("port"))
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+    try:
+        while True:
+            data = await reader.read(65536)
+            if not data:
+                break
+            writer.write(data)
+            await writer.drain()
+    except (ConnectionError, asyncio.CancelledError):
+        pass
+    finally:
+        try:
+            writer.close()
+        except RuntimeError:
+            pass

@@ -1,0 +1,141 @@
+"""The kinds the simulated API server serves, with what discovery and tables need."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    json_path: str  # dotted path into the object, e.g. "status.phase"
+    type: str = "string"
+    priority: int = 0
+
+
+@dataclass(frozen=True)
+class ResourceType:
+    group: str  # "" for core
+    versions: tuple[str, ...]  # served versions, storage version first
+    kind: str
+    plural: str
+    namespaced: bool = True
+    short_names: tuple[str, ...] = ()
+    categories: tuple[str, ...] = ()
+    subresources: tuple[str, ...] = ()  # served as /{plural}/{name}/{sub} (status included)
+    schema: str | None = None  # key in the schema registry (schema.py)
+    columns: tuple[Column, ...] = ()
+    list_kind: str = ""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.group, self.plural)
+
+    @property
+    def singular(self) -> str:
+        return self.kind.lower()
+
+    def api_version(self, version: str | None = None) -> str:
+        v = version or self.versions[0]
+        return f"{self.group}/{v}" if self.group else v
+
+    @property
+    def group_resource(self) -> str:
+        """How Kubernetes names the resource in error messages: `virtualmachines.kubevirt.io`."""
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+    @property
+    def qualified_kind(self) -> str:
+        """How validation errors name the kind: `VirtualMachine.kubevirt.io`."""
+        return f"{self.kind}.{self.group}" if self.group else self.kind
+
+
+_AGE = Column("Age", "metadata.creationTimestamp", "date")
+
+RESOURCE_TYPES: tuple[ResourceType, ...] = (
+    ResourceType("", ("v1",), "Namespace", "namespaces", namespaced=False, short_names=("ns",),
+                 subresources=("status",), columns=(Column("Status", "status.phase"), _AGE)),
+    ResourceType("", ("v1",), "Node", "nodes", namespaced=False, short_names=("no",),
+                 subresources=("status",), columns=(Column("Status", "status.conditions[?type=Ready].status"), _AGE)),
+    ResourceType("", ("v1",), "Service", "services", short_names=("svc",), categories=("all",),
+                 subresources=("status",),
+                 columns=(Column("Type", "spec.type"), Column("Cluster-IP", "spec.clusterIP"), _AGE)),
+    ResourceType("", ("v1",), "Endpoints", "endpoints", short_names=("ep",), columns=(_AGE,)),
+    ResourceType("", ("v1",), "Secret", "secrets", columns=(Column("Type", "type"), _AGE)),
+    ResourceType("", ("v1",), "ConfigMap", "configmaps", short_names=("cm",), columns=(_AGE,)),
+    ResourceType("", ("v1",), "PersistentVolumeClaim", "persistentvolumeclaims", short_names=("pvc",),
+                 subresources=("status",),
+                 columns=(Column("Status", "status.phase"), Column("Volume", "spec.volumeName"),
+                          Column("Capacity", "status.capacity.storage"),
+                          Column("StorageClass", "spec.storageClassName"), _AGE)),
+    ResourceType("", ("v1",), "Event", "events", short_names=("ev",),
+                 columns=(Column("Type", "type"), Column("Reason", "reason"),
+                          Column("Object", "involvedObject.name"), Column("Message", "message"))),
+    ResourceType("", ("v1",), "ResourceQuota", "resourcequotas", short_names=("quota",),
+                 subresources=("status",), columns=(_AGE,)),
+    ResourceType("storage.k8s.io", ("v1",), "StorageClass", "storageclasses", namespaced=False,
+                 short_names=("sc",), columns=(Column("Provisioner", "provisioner"), _AGE)),
+    ResourceType("snapshot.storage.k8s.io", ("v1",), "VolumeSnapshotClass", "volumesnapshotclasses",
+                 namespaced=False, short_names=("vsclass", "vsclasses"), columns=(Column("Driver", "driver"), _AGE)),
+    ResourceType("snapshot.storage.k8s.io", ("v1",), "VolumeSnapshot", "volumesnapshots",
+                 short_names=("vs",), subresources=("status",),
+                 columns=(Column("ReadyToUse", "status.readyToUse", "boolean"), _AGE)),
+    ResourceType("networking.k8s.io", ("v1",), "NetworkPolicy", "networkpolicies", short_names=("netpol",),
+                 columns=(_AGE,)),
+    ResourceType("kubevirt.io", ("v1",), "VirtualMachine", "virtualmachines", short_names=("vm", "vms"),
+                 categories=("all",), subresources=("status",), schema="VirtualMachine",
+                 columns=(_AGE, Column("Status", "status.printableStatus"), Column("Ready", "status.conditions[?type=Ready].status"))),
+    ResourceType("kubevirt.io", ("v1",), "VirtualMachineInstance", "virtualmachineinstances",
+                 short_names=("vmi", "vmis"), categories=("all",), subresources=("status",),
+                 schema="VirtualMachineInstance",
+                 columns=(_AGE, Column("Phase", "status.phase"), Column("IP", "status.interfaces[0].ipAddress"),
+                          Column("NodeName", "status.nodeName"),
+                          Column("Ready", "status.conditions[?type=Ready].status"))),
+    ResourceType("cdi.kubevirt.io", ("v1beta1",), "DataVolume", "datavolumes", short_names=("dv", "dvs"),
+                 categories=("all",), subresources=("status",), schema="DataVolume",
+                 columns=(Column("Phase", "status.phase"), Column("Progress", "status.progress"),
+                          Column("Restarts", "status.restartCount", "integer"), _AGE)),
+    ResourceType("snapshot.kubevirt.io", ("v1beta1", "v1alpha1"), "VirtualMachineSnapshot",
+                 "virtualmachinesnapshots", short_names=("vmsnapshot", "vmsnapshots"), categories=("all",),
+                 subresources=("status",), schema="VirtualMachineSnapshot",
+                 columns=(Column("SourceKind", "spec.source.kind"), Column("SourceName", "spec.source.name"),
+                          Column("Phase", "status.phase"), Column("ReadyToUse", "status.readyToUse", "boolean"), _AGE)),
+    ResourceType("snapshot.kubevirt.io", ("v1beta1", "v1alpha1"), "VirtualMachineSnapshotContent",
+                 "virtualmachinesnapshotcontents", short_names=("vmsnapshotcontent", "vmsnapshotcontents"),
+                 categories=("all",), subresources=("status",), schema="VirtualMachineSnapshotContent",
+                 columns=(Column("ReadyToUse", "status.readyToUse", "boolean"), _AGE)),
+    ResourceType("snapshot.kubevirt.io", ("v1beta1", "v1alpha1"), "VirtualMachineRestore",
+                 "virtualmachinerestores", short_names=("vmrestore", "vmrestores"), categories=("all",),
+                 subresources=("status",), schema="VirtualMachineRestore",
+                 columns=(Column("TargetKind", "spec.target.kind"), Column("TargetName", "spec.target.name"),
+                          Column("Complete", "status.complete", "boolean"), _AGE)),
+)
+
+BY_KEY: dict[tuple[str, str], ResourceType] = {rt.key: rt for rt in RESOURCE_TYPES}
+BY_KIND: dict[str, ResourceType] = {rt.kind: rt for rt in RESOURCE_TYPES}
+
+# KubeVirt's aggregated subresource API group: served by virt-api, not stored.
+SUBRESOURCES_GROUP = "subresources.kubevirt.io"
+VM_ACTIONS = ("start", "stop", "restart")
+VMI_AGENT_CALLS = ("guestosinfo", "userlist", "filesystemlist")
+
+
+def lookup(group: str, version: str, plural: str) -> ResourceType | None:
+    rt = BY_KEY.get((group, plural))
+    if rt is None or version not in rt.versions:
+        return None
+    return rt
+
+
+def groups() -> dict[str, list[str]]:
+    """Every non-core API group with its served versions, preferred first."""
+    out: dict[str, list[str]] = {}
+    for rt in RESOURCE_TYPES:
+        if rt.group:
+            versions = out.setdefault(rt.group, [])
+            for v in rt.versions:
+                if v not in versions:
+                    versions.append(v)
+    out[SUBRESOURCES_GROUP] = ["v1"]
+    return out
+

@@ -1,0 +1,103 @@
+"""The default cluster: the node pools, storage and golden image of the design document."""
+
+from __future__ import annotations
+
+import os
+
+from .resources import BY_KIND
+from .timeutil import now_iso
+
+GOLDEN_NAMESPACE = "vm-images"
+GOLDEN_PVC = "ubuntu-24-04-cuda-golden"
+GPU_DEVICE = "nvidia.com/A100-PCIE-40GB"
+
+OS_RELEASE = """PRETTY_NAME="Ubuntu 24.04.1 LTS"
+NAME="Ubuntu"
+VERSION_ID="24.04"
+VERSION="24.04.1 LTS (Noble Numbat)"
+VERSION_CODENAME=noble
+ID=ubuntu
+ID_LIKE=debian
+"""
+
+
+def _node(name: str, labels: dict, cpu: str, memory: str, extra: dict | None = None, taints=None) -> dict:
+    allocatable = {"cpu": cpu, "memory": memory, "pods": "110", "ephemeral-storage": "500Gi", **(extra or {})}
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                                                  "kubernetes.io/arch": "amd64", **labels}},
+            "spec": {"taints": taints or []},
+            "status": {"capacity": dict(allocatable), "allocatable": allocatable,
+                       "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                       "message": "kubelet is posting ready status",
+                                       "lastHeartbeatTime": now_iso(), "lastTransitionTime": now_iso()}],
+                       "nodeInfo": {"kubeletVersion": "v1.32.0", "osImage": "Ubuntu 24.04.1 LTS",
+                                    "containerRuntimeVersion": "containerd://1.7.22", "architecture": "amd64",
+                                    "operatingSystem": "linux", "kernelVersion": "6.8.0-45-generic"}}}
+
+
+def seed_objects() -> list[dict]:
+    kubevirt_taint = {"key": "workload.example.com/kubevirt", "value": "true", "effect": "NoSchedule"}
+    objects = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}} for n in
+        ("default", "kube-system", GOLDEN_NAMESPACE)
+    ]
+    objects += [
+        _node("vm-cpu-1", {"node-role.kubernetes.io/worker": "", "workload.example.com/pool": "vm-cpu"},
+              "32", "128Gi"),
+        _node("vm-cpu-2", {"node-role.kubernetes.io/worker": "", "workload.example.com/pool": "vm-cpu"},
+              "32", "128Gi"),
+        _node("vm-gpu-pci-1", {"node-role.kubernetes.io/worker": "", "workload.example.com/pool": "vm-gpu-pci",
+                               "workload.example.com/kubevirt": "true", "accelerator.example.com/mode": "vfio",
+                               "nvidia.com/gpu.product": "A100-PCIE-40GB"},
+              "64", "512Gi", {GPU_DEVICE: "2"}, [kubevirt_taint]),
+        _node("container-gpu-1", {"node-role.kubernetes.io/worker": "", "workload.example.com/pool": "container-gpu",
+                                  "accelerator.example.com/mode": "container", "nvidia.com/gpu.product": "L4"},
+              "32", "256Gi", {"nvidia.com/gpu": "4"}),
+        {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+         "metadata": {"name": "ceph-rbd", "annotations": {
+             "storageclass.kubernetes.io/is-default-class": "true",
+             # What CDI's StorageProfile says for this class.
+             "sim.kubevirt.io/volume-mode": "Block", "sim.kubevirt.io/access-mode": "ReadWriteOnce"}},
+         "provisioner": "rbd.csi.ceph.com", "reclaimPolicy": "Delete", "allowVolumeExpansion": True,
+         "volumeBindingMode": "Immediate",
+         "parameters": {"clusterID": "ceph", "pool": "kubevirt-rbd", "imageFeatures": "layering"}},
+        {"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotClass",
+         "metadata": {"name": "ceph-rbd-snapclass", "annotations": {
+             "snapshot.storage.kubernetes.io/is-default-class": "true"}},
+         "driver": "rbd.csi.ceph.com", "deletionPolicy": "Delete", "parameters": {"clusterID": "ceph"}},
+    ]
+    return objects
+
+
+def golden_tree(root: str):
+    """A small directory tree that looks like an Ubuntu root filesystem."""
+    for d in ("etc", "opt", "usr/local/bin", "var/lib", "var/log", "home", "root", "tmp"):
+        os.makedirs(os.path.join(root, d), exist_ok=True)
+    files = {"etc/os-release": OS_RELEASE, "etc/machine-id": "uninitialized\n", "etc/hostname": "ubuntu\n",
+             "etc/golden-image": "ubuntu-24-04-cuda-golden built 2026-11-01, CUDA 12.6, driver 560\n",
+             "usr/local/bin/README": "tools installed by the golden image build\n"}
+    for rel, text in files.items():
+        with open(os.path.join(root, rel), "w") as f:
+            f.write(text)
+
+
+def seed_cluster(cluster):
+    store = cluster.store
+    for obj in seed_objects():
+        rt = BY_KIND[obj["kind"]]
+        cluster.defaults(rt, obj)
+        store.create(rt, obj)
+    pvc_rt = BY_KIND["PersistentVolumeClaim"]
+    pvc = store.create(pvc_rt, {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": GOLDEN_PVC, "namespace": GOLDEN_NAMESPACE,
+                     "labels": {"platform.example.com/golden-image": "true"},
+                     "finalizers": ["kubernetes.io/pvc-protection"]},
+        "spec": {"accessModes": ["ReadWriteOnce"], "volumeMode": "Block", "storageClassName": "ceph-rbd",
+                 "resources": {"requests": {"storage": "60Gi"}}, "volumeName": "pvc-golden-ubuntu-24-04-cuda"},
+    })
+    pvc = dict(pvc)
+    pvc["status"] = {"phase": "Bound", "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "60Gi"}}
+    store.update(pvc_rt, pvc, subresource="status", check_rv=False)
+    golden_tree(cluster.volume_dir(pvc))

@@ -1,0 +1,525 @@
+"""The simulated API server: the Kubernetes REST protocol over HTTP on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import collections
+import copy
+import json
+import logging
+import random
+import re
+
+import tornado.iostream
+import tornado.web
+import yaml
+
+from . import discovery, errors, tables
+from .admission import admit
+from .errors import ApiError
+from .patch import apply_patch
+from .resources import BY_KIND, SUBRESOURCES_GROUP, VM_ACTIONS, VMI_AGENT_CALLS, lookup
+from .selectors import parse_field_selector, parse_label_selector
+from .store import Watcher, watch_event_for
+
+log = logging.getLogger(__name__)
+
+_RESOURCE_PATH = re.compile(
+    r"^/(?:api/(?P<cv>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
+    r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>[^/]+))?$")
+
+# Groups whose kinds are CustomResourceDefinitions upstream: no strategic merge patch for them.
+CRD_GROUPS = {"kubevirt.io", "cdi.kubevirt.io", "snapshot.kubevirt.io", "snapshot.storage.k8s.io"}
+
+
+class RequestCounter:
+    """Counts API requests by verb and resource, for benchmarks and request-budget tests."""
+
+    def __init__(self):
+        self.counts: collections.Counter = collections.Counter()
+
+    def add(self, verb: str, resource: str):
+        self.counts[f"{verb} {resource}"] += 1
+
+    def snapshot(self) -> dict:
+        return dict(self.counts)
+
+
+class ApiHandler(tornado.web.RequestHandler):
+    """One handler for every path: Kubernetes routes are easier to parse than to declare."""
+
+    def initialize(self, cluster):
+        self.cluster = cluster
+        self.store = cluster.store
+        self._watcher: Watcher | None = None
+
+    def check_xsrf_cookie(self):
+        pass
+
+    def compute_etag(self):
+        return None
+
+    # ---------- plumbing
+    def _send(self, body, code: int = 200):
+        self.set_status(code)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(body, separators=(",", ":")))
+
+    def _fail(self, err: ApiError):
+        self.set_status(err.code)
+        for k, v in err.headers.items():
+            self.set_header(k, v)
+        if err.plain:
+            self.set_header("Content-Type", "text/plain; charset=utf-8")
+            self.finish(err.message)
+        else:
+            self.set_header("Content-Type", "application/json")
+            self.finish(json.dumps(err.status()))
+
+    def _body(self):
+        raw = self.request.body
+        if not raw:
+            return None
+        if "protobuf" in self.request.headers.get("Content-Type", ""):
+            raise ApiError(415, "UnsupportedMediaType", "the simulator accepts JSON and YAML bodies only, "
+                           "not application/vnd.kubernetes.protobuf")
+        try:
+            if raw.lstrip()[:1] in (b"{", b"["):
+                return json.loads(raw)
+            return yaml.safe_load(raw)
+        except (ValueError, yaml.YAMLError) as exc:
+            raise errors.bad_request(f"the request body could not be decoded: {exc}") from None
+
+    def on_connection_close(self):
+        if self._watcher:
+            self._watcher.close()
+
+    async def get(self, path):
+        await self._dispatch("GET")
+
+    async def post(self, path):
+        await self._dispatch("POST")
+
+    async def put(self, path):
+        await self._dispatch("PUT")
+
+    async def patch(self, path):
+        await self._dispatch("PATCH")
+
+    async def delete(self, path):
+        await self._dispatch("DELETE")
+
+    async def _dispatch(self, method: str):
+        path = self.request.path.rstrip("/") or "/"
+        try:
+            if path.startswith("/sim/v1"):
+                result = await self.cluster.faults.handle(method, path[len("/sim/v1"):], self._body())
+                return self._send(result)
+            if method == "GET":
+                doc = self._discovery(path)
+                if doc is not None:
+                    return self._send(doc)
+            m = _RESOURCE_PATH.match(path)
+            if not m:
+                raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            await self._resource(method, m)
+        except ApiError as err:
+            self._fail(err)
+        except tornado.iostream.StreamClosedError:
+            pass
+
+    def _discovery(self, path: str):
+        if path in ("/healthz", "/readyz", "/livez"):
+            return "ok"
+        if path == "/version":
+            return discovery.version()
+        if path == "/api":
+            return discovery.api_versions(self.request.host)
+        if path == "/api/v1":
+            return discovery.resource_list("", "v1")
+        if path == "/apis":
+            return discovery.api_group_list()
+        if path == "/openapi/v3":
+            return discovery.openapi_v3_root()
+        if path.startswith("/openapi/v3/"):
+            rest = path[len("/openapi/v3/"):].split("/")
+            doc = (discovery.openapi_v3_group_version("", "v1") if rest == ["api", "v1"] else
+                   discovery.openapi_v3_group_version(rest[1], rest[2]) if len(rest) == 3 and rest[0] == "apis"
+                   else None)
+            if doc is None:
+                raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            return doc
+        parts = path.split("/")
+        if len(parts) == 3 and parts[1] == "apis":
+            doc = discovery.api_group(parts[2])
+            if doc is None:
+                raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            return doc
+        if len(parts) == 4 and parts[1] == "apis":
+            doc = discovery.resource_list(parts[2], parts[3])
+            if doc is None:
+                raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            return doc
+        return None
+
+    # ---------- resources
+    async def _resource(self, method: str, m):
+        group = m.group("group") or ""
+        version = m.group("cv") or m.group("version")
+        ns, plural, name, sub = m.group("ns"), m.group("plural"), m.group("name"), m.group("sub")
+        if group == SUBRESOURCES_GROUP:
+            return await self._kubevirt_subresource(method, ns, plural, name, sub)
+        # /api/v1/namespaces/{name}[/status] addresses the Namespace itself.
+        if group == "" and ns and plural in ("status", "finalize") and not name:
+            plural, name, sub, ns = "namespaces", ns, plural, None
+        rt = lookup(group, version, plural)
+        if rt is None:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        namespace = ns or ""
+        if not rt.namespaced and ns:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        if sub and sub not in rt.subresources:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        verb = self._verb(method, name)
+        self.cluster.requests.add(verb, rt.plural + (f"/{sub}" if sub else ""))
+        self.cluster.faults.maybe_fail(verb, rt.plural)
+        self.cluster.faults.maybe_fail(verb, rt.plural + (f"/{sub}" if sub else ""))
+        if verb == "watch":
+            return await self._watch(rt, namespace, name)
+        if verb == "list":
+            return self._list(rt, namespace, version)
+        if verb == "get":
+            obj = self.store.must_get(rt, namespace, name)
+            return self._send_object(rt, obj, version)
+        if verb == "create":
+            return self._create(rt, namespace, version)
+        if verb == "update":
+            return self._update(rt, namespace, name, sub, version)
+        if verb == "patch":
+            return self._patch(rt, namespace, name, sub, version)
+        if verb == "delete":
+            return self._delete(rt, namespace, name, version)
+        if verb == "deletecollection":
+            return self._delete_collection(rt, namespace, version)
+        raise errors.method_not_allowed()
+
+    def _verb(self, method: str, name: str | None) -> str:
+        if method == "GET":
+            if self.get_argument("watch", "") in ("true", "1"):
+                return "watch"
+            return "get" if name else "list"
+        if method == "POST":
+            if name:
+                raise errors.method_not_allowed()
+            return "create"
+        if method == "PUT":
+            return "update"
+        if method == "PATCH":
+            return "patch"
+        if method == "DELETE":
+            return "delete" if name else "deletecollection"
+        raise errors.method_not_allowed()
+
+    def _wants_table(self) -> bool:
+        return "as=Table" in self.request.headers.get("Accept", "")
+
+    def _versioned(self, rt, obj: dict, version: str) -> dict:
+        if rt.group and obj.get("apiVersion") != f"{rt.group}/{version}":
+            obj = dict(obj)
+            obj["apiVersion"] = f"{rt.group}/{version}"
+        return obj
+
+    def _send_object(self, rt, obj: dict, version: str, code: int = 200):
+        obj = self._versioned(rt, obj, version)
+        if self._wants_table():
+            return self._send(tables.table(rt, [obj], {"resourceVersion": obj["metadata"]["resourceVersion"]}), code)
+        self._send(obj, code)
+
+    def _list(self, rt, namespace: str, version: str):
+        label_match = parse_label_selector(self.get_argument("labelSelector", None))
+        field_match = parse_field_selector(self.get_argument("fieldSelector", None))
+        items = [o for o in self.store.list(rt, namespace or None)
+                 if label_match(o["metadata"].get("labels") or {}) and field_match(o)]
+        items.sort(key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
+        meta = {"resourceVersion": str(self.store.rv)}
+        token = self.get_argument("continue", None)
+        if token:
+            try:
+                after = json.loads(base64.urlsafe_b64decode(token.encode()))
+                meta["resourceVersion"] = after["rv"]
+                start = tuple(after["start"])
+            except (ValueError, KeyError, TypeError):
+                raise errors.bad_request("continue key is not valid: illegal base64 data") from None
+            items = [o for o in items if (o["metadata"].get("namespace", ""), o["metadata"]["name"]) > start]
+        limit = int(self.get_argument("limit", "0") or 0)
+        if limit and len(items) > limit:
+            last = items[limit - 1]["metadata"]
+            meta["continue"] = base64.urlsafe_b64encode(json.dumps(
+                {"rv": meta["resourceVersion"], "start": [last.get("namespace", ""), last["name"]]}).encode()).decode()
+            meta["remainingItemCount"] = len(items) - limit
+            items = items[:limit]
+        items = [self._versioned(rt, o, version) for o in items]
+        if self._wants_table():
+            return self._send(tables.table(rt, items, meta))
+        self._send({"kind": rt.kind + "List", "apiVersion": rt.api_version(version), "metadata": meta,
+                    "items": items})
+
+    async def _watch(self, rt, namespace: str, name: str | None):
+        field_sel = self.get_argument("fieldSelector", None)
+        if name:
+            field_sel = ",".join(filter(None, [field_sel, f"metadata.name={name}"]))
+        w = Watcher(rt, namespace or None, parse_label_selector(self.get_argument("labelSelector", None)),
+                    parse_field_selector(field_sel))
+        version = self.request.path.split("/")[3] if rt.group else "v1"
+        rv_arg = self.get_argument("resourceVersion", "")
+        timeout = float(self.get_argument("timeoutSeconds", "0") or 0) or 1800.0
+        self._watcher = w
+        self.set_header("Content-Type", "application/json")
+        self.set_header("Transfer-Encoding", "chunked")
+        initial: list = []
+        if rv_arg in ("", "0"):
+            initial = [("ADDED", o) for o in self.store.list(rt, namespace or None) if w.matches(o)]
+        else:
+            try:
+                since = int(rv_arg)
+            except ValueError:
+                raise errors.bad_request(f'invalid resource version "{rv_arg}"') from None
+            history = self.store.events_since(rt, since)
+            if history is None:
+                err = errors.gone(f"too old resource version: {since} ({self.store.history[0][0]})")
+                self.write(json.dumps({"type": "ERROR", "object": err.status()}) + "\n")
+                return self.finish()
+            for kind, obj, old in history:
+                ev = watch_event_for(w, kind, obj, old)
+                if ev:
+                    initial.append(ev)
+        self.store.watchers.add(w)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        try:
+            for kind, obj in initial:
+                self.write(self._event_line(rt, kind, obj, version))
+            await self.flush()
+            while True:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                try:
+                    ev = await asyncio.wait_for(w.queue.get(), remaining)
+                except asyncio.TimeoutError:
+                    break
+                if ev is None:
+                    break
+                chunk = [self._event_line(rt, ev[0], ev[1], version)]
+                while not w.queue.empty():  # batch what is already queued into one write
+                    nxt = w.queue.get_nowait()
+                    if nxt is None:
+                        w.closed = True
+                        break
+                    chunk.append(self._event_line(rt, nxt[0], nxt[1], version))
+                self.write("".join(chunk))
+                await self.flush()
+                if w.closed:
+                    break
+        except tornado.iostream.StreamClosedError:
+            pass
+        finally:
+            w.close()
+            self.store.watchers.discard(w)
+        if not self.request.connection.stream.closed():
+            self.finish()
+
+    def _event_line(self, rt, kind: str, obj: dict, version: str) -> str:
+        return json.dumps({"type": kind, "object": self._versioned(rt, obj, version)}, separators=(",", ":")) + "\n"
+
+    def _check_namespace(self, rt, namespace: str):
+        if not rt.namespaced:
+            return
+        ns = self.store.get(BY_KIND["Namespace"], "", namespace)
+        if ns is None:
+            raise errors.not_found(BY_KIND["Namespace"], namespace)
+        if ns["metadata"].get("deletionTimestamp"):
+            raise errors.forbidden(rt, "", f"unable to create new content in namespace {namespace} because "
+                                           "it is being terminated")
+
+    def _validate(self, rt, obj: dict, old: dict | None):
+        """Schema check, pruning of unknown fields, admission; returns the object to store."""
+        name = (obj.get("metadata") or {}).get("name") or (obj.get("metadata") or {}).get("generateName", "")
+        schema = self.cluster.schemas.for_kind(rt.kind) if rt.schema else None
+        if schema is not None:
+            unknown = schema.unknown_fields(obj)
+            if unknown:
+                if self.get_argument("fieldValidation", "") == "Strict":
+                    raise errors.invalid(rt, name, [{"field": f, "reason": "FieldValueInvalid",
+                                                     "message": f'unknown field "{f}"'} for f in unknown])
+                self.set_header("Warning", ", ".join(f'299 - "unknown field \\"{f}\\""' for f in unknown))
+                obj = _prune(obj, unknown)
+            causes = schema.errors(obj)
+            if causes:
+                raise errors.invalid(rt, name, causes)
+        admit(self.store, rt, obj, old)
+        return obj
+
+    def _dry_run(self) -> bool:
+        return self.get_argument("dryRun", "") == "All"
+
+    def _create(self, rt, namespace: str, version: str):
+        body = self._body()
+        if not isinstance(body, dict):
+            raise errors.bad_request("the request body must be an object")
+        meta = body.setdefault("metadata", {})
+        if rt.namespaced:
+            if meta.get("namespace") and meta["namespace"] != namespace:
+                raise errors.bad_request("the namespace of the provided object does not match the namespace "
+                                         "sent on the request")
+            meta["namespace"] = namespace
+        body_kind = body.get("kind")
+        if body_kind and body_kind != rt.kind:
+            raise errors.bad_request(f"the kind {body_kind} does not match the endpoint's kind {rt.kind}")
+        self._check_namespace(rt, namespace)
+        body = self._validate(rt, body, None)
+        self.cluster.defaults(rt, body)
+        if self._dry_run():
+            return self._send_object(rt, body, version, 201)
+        obj = self.store.create(rt, body)
+        self._send_object(rt, obj, version, 201)
+
+    def _update(self, rt, namespace: str, name: str, sub: str | None, version: str):
+        body = self._body()
+        if not isinstance(body, dict):
+            raise errors.bad_request("the request body must be an object")
+        meta = body.setdefault("metadata", {})
+        if meta.get("name") and meta["name"] != name:
+            raise errors.bad_request(f"the name of the object ({meta['name']}) does not match the name on "
+                                     f"the URL ({name})")
+        meta["name"] = name
+        if rt.namespaced:
+            meta["namespace"] = namespace
+        old = self.store.must_get(rt, namespace, name)
+        if not meta.get("resourceVersion") and rt.group in CRD_GROUPS:
+            raise errors.invalid(rt, name, [{"field": "metadata.resourceVersion", "reason": "FieldValueInvalid",
+                                             "message": "Invalid value: 0x0: must be specified for an update"}])
+        self._write(rt, body, old, sub, version)
+
+    def _write(self, rt, new: dict, old: dict, sub: str | None, version: str, check_rv: bool = True):
+        if sub != "status":
+            new = self._validate(rt, new, old)
+        if self._dry_run():
+            return self._send_object(rt, new, version)
+        obj = self.store.update(rt, new, subresource=sub, check_rv=check_rv)
+        self._send_object(rt, obj, version)
+
+    def _patch(self, rt, namespace: str, name: str, sub: str | None, version: str):
+        ct = self.request.headers.get("Content-Type", "")
+        if "strategic-merge-patch" in ct and rt.group in CRD_GROUPS:
+            raise ApiError(415, "UnsupportedMediaType", "the body of the request was in an unknown format - "
+                           "accepted media types include: application/json-patch+json, "
+                           "application/merge-patch+json, application/apply-patch+yaml")
+        body = self._body()
+        old = self.store.must_get(rt, namespace, name)
+        new = apply_patch(ct, copy.deepcopy(old), body)
+        if not isinstance(new, dict):
+            raise errors.bad_request("the patch did not produce an object")
+        new.setdefault("metadata", {})
+        if new["metadata"].get("name") != name:
+            raise errors.bad_request("metadata.name cannot be changed by a patch")
+        # A patch may carry its own resourceVersion precondition; otherwise it applies to the latest.
+        patched_rv = new["metadata"].get("resourceVersion")
+        check = patched_rv is not None and patched_rv != old["metadata"]["resourceVersion"]
+        self._write(rt, new, old, sub, version, check_rv=check)
+
+    def _delete(self, rt, namespace: str, name: str, version: str):
+        body = self._body() or {}
+        propagation = body.get("propagationPolicy") or self.get_argument("propagationPolicy", None)
+        if body.get("orphanDependents") is True:
+            propagation = "Orphan"
+        pre = body.get("preconditions") or {}
+        grace = body.get("gracePeriodSeconds", self.get_argument("gracePeriodSeconds", None))
+        obj = self.store.must_get(rt, namespace, name)
+        if self._dry_run():
+            return self._send_object(rt, obj, version)
+        self.cluster.before_delete(rt, obj, None if grace is None else int(grace))
+        result = self.store.delete(rt, namespace, name, propagation, pre.get("uid"), pre.get("resourceVersion"),
+                                   None if grace is None else int(grace))
+        if result["metadata"].get("deletionTimestamp") and self.store.get(rt, namespace, name) is not None:
+            return self._send_object(rt, result, version, 200)
+        self._send({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                    "details": {"name": name, "group": rt.group, "kind": rt.plural,
+                                "uid": obj["metadata"]["uid"]}})
+
+    def _delete_collection(self, rt, namespace: str, version: str):
+        label_match = parse_label_selector(self.get_argument("labelSelector", None))
+        field_match = parse_field_selector(self.get_argument("fieldSelector", None))
+        deleted = []
+        for o in list(self.store.list(rt, namespace or None)):
+            if label_match(o["metadata"].get("labels") or {}) and field_match(o):
+                self.cluster.before_delete(rt, o, None)
+                deleted.append(self.store.delete(rt, o["metadata"].get("namespace", ""), o["metadata"]["name"]))
+        self._send({"kind": rt.kind + "List", "apiVersion": rt.api_version(version),
+                    "metadata": {"resourceVersion": str(self.store.rv)}, "items": deleted})
+
+    # ---------- subresources.kubevirt.io
+    async def _kubevirt_subresource(self, method, ns, plural, name, sub):
+        if not ns or not name or not sub:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        if plural == "virtualmachines" and sub in VM_ACTIONS:
+            if method != "PUT":
+                raise errors.method_not_allowed()
+            self.cluster.requests.add("update", f"virtualmachines/{sub}")
+            self.cluster.faults.maybe_fail("update", f"virtualmachines/{sub}")
+            self.cluster.vm_action(ns, name, sub, self._body() or {})
+            self.set_status(202)
+            return self.finish()
+        if plural == "virtualmachineinstances" and sub in VMI_AGENT_CALLS:
+            if method != "GET":
+                raise errors.method_not_allowed()
+            self.cluster.requests.add("get", f"virtualmachineinstances/{sub}")
+            self.cluster.faults.maybe_fail("get", f"virtualmachineinstances/{sub}")
+            return self._send(self.cluster.agent_call(ns, name, sub))
+        raise ApiError(404, "NotFound", "the server could not find the requested resource")
+
+
+def _prune(obj: dict, paths: list[str]) -> dict:
+    obj = copy.deepcopy(obj)
+    for path in paths:
+        parts = re.findall(r"[^.\[\]]+|\[\d+\]", path)
+        cur = obj
+        for part in parts[:-1]:
+            cur = cur[int(part[1:-1])] if part.startswith("[") else cur.get(part)
+            if cur is None:
+                break
+        else:
+            if isinstance(cur, dict):
+                cur.pop(parts[-1], None)
+    return obj
+
+
+class FaultPicker:
+    """Injected API error rates: {verb: {resource: {"rate": 0.5, "code": 500}}}."""
+
+    def __init__(self):
+        self.rules: dict[tuple[str, str], tuple[float, int]] = {}
+        self.random = random.Random(1234)
+
+    def set(self, verb: str, resource: str, rate: float, code: int):
+        if rate <= 0:
+            self.rules.pop((verb, resource), None)
+        else:
+            self.rules[(verb, resource)] = (rate, code)
+
+    def maybe_fail(self, verb: str, resource: str):
+        rule = self.rules.get((verb, resource)) or self.rules.get((verb, "*")) or self.rules.get(("*", resource))
+        if rule and self.random.random() < rule[0]:
+            if rule[1] == 429:
+                raise errors.too_many_requests()
+            raise errors.internal("injected fault: etcdserver: request timed out")
+
+
+def make_app(cluster) -> tornado.web.Application:
+    return tornado.web.Application([(r"(/.*)", ApiHandler, {"cluster": cluster})], log_function=_quiet_log)
+
+
+def _quiet_log(handler):
+    if handler.get_status() >= 500 and log.isEnabledFor(logging.DEBUG):
+        log.debug("%s %s -> %s", handler.request.method, handler.request.uri, handler.get_status())
