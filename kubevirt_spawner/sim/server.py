@@ -276,7 +276,6 @@ class ApiHandler(tornado.web.RequestHandler):
         timeout = float(self.get_argument("timeoutSeconds", "0") or 0) or 1800.0
         self._watcher = w
         self.set_header("Content-Type", "application/json")
-        self.set_header("Transfer-Encoding", "chunked")
         initial: list = []
         if rv_arg in ("", "0"):
             initial = [("ADDED", o) for o in self.store.list(rt, namespace or None) if w.matches(o)]

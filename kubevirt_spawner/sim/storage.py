@@ -10,6 +10,7 @@ import os
 import shutil
 
 from . import errors
+from .admission import admit
 from .compute import condition, set_condition
 from .quantity import parse_quantity
 from .resources import BY_KIND
@@ -131,7 +132,9 @@ class Storage:
                                                   f"The source PVC {src_ns}/{source['pvc']['name']} doesn't exist"),
                                            retry=True)
             try:
-                pvc = self.store.create(PVC, self._pvc_for(dv))
+                claim = self._pvc_for(dv)
+                admit(self.store, PVC, claim, None)  # CDI's create goes through quota admission too
+                pvc = self.store.create(PVC, claim)
             except errors.ApiError as err:
                 reason = "ErrExceededQuota" if err.code == 403 else "ErrClaimNotValid"
                 return self._dv_status(dv, "Pending", "N/A", bound=("False", reason, err.message),
