@@ -8,6 +8,7 @@ import ipaddress
 import logging
 import os
 import resource
+import time
 
 from .compute import VM, VMI, Compute
 from .faults import Faults
@@ -69,9 +70,24 @@ class Cluster:
         self.started = False
         self._ips: dict[str, dict[str, str]] = {"vmi": {}, "svc": {}}
         self._tasks: list[asyncio.Task] = []
+        self._due: dict[tuple, float] = {}
 
     def t(self, name: str) -> float:
         return self.timing[name] / self.speed
+
+    def step_due(self, queue: WorkQueue, key, step: str, delay: float | None = None) -> bool:
+        """Whether a timed step of `key` is done. The first call starts its clock; until it is due
+        the key is requeued for then. Reconciles triggered by other writes meanwhile see False."""
+        now = time.monotonic()
+        clock = (queue.name, key, step)
+        due = self._due.get(clock)
+        if due is None:
+            due = self._due[clock] = now + (self.t(step) if delay is None else delay)
+        if now >= due:
+            del self._due[clock]
+            return True
+        queue.add(key, due - now)
+        return False
 
     # ---------- lifecycle
     async def start(self):

@@ -372,6 +372,9 @@ class Compute:
             return
         phase = field_value(vmi, "status.phase") or "Pending"
         if vmi["metadata"].get("deletionTimestamp"):
+            if phase == "Unknown":
+                self._sync_running(vmi)  # the node may be back
+                vmi = self.store.get(VMI, ns, name)
             return await self._terminate(vmi)
         if phase in FINAL:
             self._release(vmi)
@@ -390,9 +393,11 @@ class Compute:
             drop_condition(status, "Synchronized")
             self._phase(status, "Scheduling")
             self._write_vmi_status(vmi, status)
-            self.c.vmi_queue.add(key, self.c.t("schedule"))
+            self.c.step_due(self.c.vmi_queue, key, "schedule")
             return
         if phase == "Scheduling":
+            if not self.c.step_due(self.c.vmi_queue, key, "schedule"):
+                return
             nodes = self.store.list(NODE)
             placed = [v for v in self.store.list(VMI) if v["metadata"]["uid"] != vmi["metadata"]["uid"]]
             node, message = schedule(vmi, nodes, placed)
@@ -409,9 +414,11 @@ class Compute:
             self._write_vmi_status(vmi, status)
             self.c.events.record(vmi, "Normal", "Scheduled", f"Successfully assigned {ns}/virt-launcher-{name} "
                                  f"to {node}", "default-scheduler")
-            self.c.vmi_queue.add(key, self.c.t("launch"))
+            self.c.step_due(self.c.vmi_queue, key, "launch")
             return
         if phase == "Scheduled":
+            if not self.c.step_due(self.c.vmi_queue, key, "launch"):
+                return
             blocked = self._attach_blocker(vmi)
             if blocked:
                 self.c.events.record(vmi, "Warning", "FailedAttachVolume", blocked, "attachdetach-controller")
@@ -631,7 +638,9 @@ class Compute:
             return
         guest = self.guests.get(key)
         phase = field_value(vmi, "status.phase")
-        if guest is not None and phase in ("Running", "Unknown"):
+        if phase == "Unknown":
+            return  # nobody can reach the node: the VMI stays until the node is fenced or comes back
+        if guest is not None and phase == "Running":
             self._stopping.add(key)
             grace = guest.grace_override
             if grace is None:
@@ -706,6 +715,7 @@ class Compute:
         if ready != "True":
             taints.append({"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule", "timeAdded": now_iso()})
         new.setdefault("spec", {})["taints"] = taints
+        self.store.update(NODE, new, subresource="status", check_rv=False)
         self.store.update(NODE, new, check_rv=False)
         for vmi in self.store.list(VMI):
             if field_value(vmi, "status.nodeName") == node_name:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import uuid
 
 from .resources import BY_KIND
 from .timeutil import now_iso
@@ -31,7 +32,10 @@ def _node(name: str, labels: dict, cpu: str, memory: str, extra: dict | None = N
                        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                                        "message": "kubelet is posting ready status",
                                        "lastHeartbeatTime": now_iso(), "lastTransitionTime": now_iso()}],
-                       "nodeInfo": {"kubeletVersion": "v1.32.0", "osImage": "Ubuntu 24.04.1 LTS",
+                       "nodeInfo": {"kubeletVersion": "v1.32.0", "kubeProxyVersion": "v1.32.0",
+                                    "bootID": str(uuid.uuid5(uuid.NAMESPACE_DNS, name + "-boot")),
+                                    "machineID": uuid.uuid5(uuid.NAMESPACE_DNS, name).hex,
+                                    "systemUUID": str(uuid.uuid5(uuid.NAMESPACE_DNS, name + "-system")), "osImage": "Ubuntu 24.04.1 LTS",
                                     "containerRuntimeVersion": "containerd://1.7.22", "architecture": "amd64",
                                     "operatingSystem": "linux", "kernelVersion": "6.8.0-45-generic"}}}
 
@@ -53,7 +57,8 @@ def seed_objects() -> list[dict]:
               "64", "512Gi", {GPU_DEVICE: "2"}, [kubevirt_taint]),
         _node("container-gpu-1", {"node-role.kubernetes.io/worker": "", "workload.example.com/pool": "container-gpu",
                                   "accelerator.example.com/mode": "container", "nvidia.com/gpu.product": "L4"},
-              "32", "256Gi", {"nvidia.com/gpu": "4"}),
+              "32", "256Gi", {"nvidia.com/gpu": "4"},
+              [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]),
         {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
          "metadata": {"name": "ceph-rbd", "annotations": {
              "storageclass.kubernetes.io/is-default-class": "true",

@@ -78,7 +78,9 @@ class Snapshots:
                    ("False", "Operation in progress", "Not ready"))
             self._write(SNAP, snap, status)
             await self._take(snap, vm)
-            self.c.snapshot_queue.add(key, self.c.t("snapshot"))
+            self.c.step_due(self.c.snapshot_queue, key, "snapshot")
+            return
+        if not self.c.step_due(self.c.snapshot_queue, key, "snapshot"):
             return
         content = self.store.get(CONTENT, ns, f"vmsnapshot-content-{snap['metadata']['uid']}")
         if content is None:
@@ -207,7 +209,9 @@ class Snapshots:
             _conds(status, ("True", "Creating new PVCs", "Creating new PVCs"), ("False", "Waiting", "Not ready"))
             status["restores"] = await self._restore_volumes(restore, vm, content)
             self._write(RESTORE, restore, status)
-            self.c.restore_queue.add(key, self.c.t("restore"))
+            self.c.step_due(self.c.restore_queue, key, "restore")
+            return
+        if not self.c.step_due(self.c.restore_queue, key, "restore"):
             return
         self._rewrite_vm(restore, vm, content, status["restores"])
         status.update({"complete": True, "restoreTime": now_iso()})

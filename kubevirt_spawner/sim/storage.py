@@ -36,7 +36,6 @@ class Storage:
     def __init__(self, cluster):
         self.c = cluster
         self.store = cluster.store
-        self._provisioning: set[tuple[str, str]] = set()
 
     # ================= PersistentVolumeClaims
     async def reconcile_pvc(self, key):
@@ -65,12 +64,8 @@ class Storage:
                                      "waiting for first consumer to be created before binding",
                                      "persistentvolume-controller")
                 return
-            if key not in self._provisioning:  # provisioning takes the `bind` delay
-                self._provisioning.add(key)
-                self.c.pvc_queue.add(key, self.c.t("bind"))
-                return
-            self._provisioning.discard(key)
-            self._bind(pvc, sc)
+            if self.c.step_due(self.c.pvc_queue, key, "bind"):
+                self._bind(pvc, sc)
             return
         requested = parse_quantity(field_value(pvc, "spec.resources.requests.storage") or 0)
         capacity = parse_quantity(field_value(pvc, "status.capacity.storage") or 0)
@@ -150,9 +145,11 @@ class Storage:
                 src = source["pvc"]
                 self.c.events.record(dv, "Normal", "CloneScheduled", f"Cloning from {src.get('namespace') or ns}/"
                                      f"{src['name']} into {ns}/{name} scheduled", "datavolume-pvc-clone-controller")
-            self.c.dv_queue.add(key, self.c.t("clone_schedule"))
+            self.c.step_due(self.c.dv_queue, key, "clone_schedule")
             return self._dv_status(dv, scheduled, "N/A", bound=("True", "Bound", "PVC " + name + " Bound"))
         if phase == scheduled:
+            if not self.c.step_due(self.c.dv_queue, key, "clone_schedule"):
+                return
             if self.c.faults.take_clone_failure():
                 msg = "clone failed: the source volume could not be read (injected by the simulator)"
                 return self._dv_status(dv, "Failed", "N/A", running=("False", "Error", msg),
@@ -166,24 +163,20 @@ class Storage:
                 if src_pvc is not None:
                     await asyncio.get_running_loop().run_in_executor(
                         None, copy_tree, self.c.volume_dir(src_pvc), self.c.volume_dir(pvc))
-            self._schedule_progress(key, 0)
+            self.c.step_due(self.c.dv_queue, key, "clone-step", self.c.t("clone") / 10)
             return
         if phase == in_progress:
-            self._schedule_progress(key, None)
+            self._progress(dv)
 
-    def _schedule_progress(self, key, step: int | None):
+    def _progress(self, dv: dict):
         """Ten progress updates over the clone time, then Succeeded."""
-        ns, name = key
-        dv = self.store.get(DV, ns, name)
-        if dv is None:
+        ns, name = dv["metadata"]["namespace"], dv["metadata"]["name"]
+        if not self.c.step_due(self.c.dv_queue, (ns, name), "clone-step", self.c.t("clone") / 10):
             return
-        if step is None:
-            current = field_value(dv, "status.progress") or "0.00%"
-            try:
-                step = int(float(current.rstrip("%")) // 10)
-            except ValueError:
-                step = 0
-            step += 1
+        try:
+            step = int(float((field_value(dv, "status.progress") or "0").rstrip("%")) // 10) + 1
+        except ValueError:
+            step = 1
         if step >= 10:
             src = (field_value(dv, "spec.source.pvc") or {})
             self._dv_status(dv, "Succeeded", "100.0%", running=("False", "Completed", ""), ready=True,
@@ -191,9 +184,8 @@ class Storage:
                                    f"Successfully cloned from {src.get('namespace') or ns}/{src.get('name')} into "
                                    f"{ns}/{name}" if src else "Import Successful"))
             return
-        if step > 0:
-            self._dv_status(dv, field_value(dv, "status.phase"), f"{step * 10:.2f}%")
-        self.c.dv_queue.add(key, self.c.t("clone") / 10)
+        self._dv_status(dv, field_value(dv, "status.phase"), f"{step * 10:.2f}%")
+        self.c.step_due(self.c.dv_queue, (ns, name), "clone-step", self.c.t("clone") / 10)
 
     def _pvc_for(self, dv: dict) -> dict:
         spec = dv.get("spec") or {}

@@ -1,0 +1,95 @@
+"""A real kubectl (v1.32) against the simulator, with the design document's manifests unchanged."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import wait_for
+
+SEED = Path(__file__).resolve().parents[1].parent / "shared" / "seed" / "manifests"
+
+
+@pytest.fixture(scope="module")
+def kubectl(sim):
+    env = {**os.environ, "KUBECONFIG": sim.kubeconfig}
+
+    def run(*args, check=True, stdin=None):
+        proc = subprocess.run(["kubectl", *args], env=env, capture_output=True, text=True, input=stdin, timeout=60)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed: {proc.stderr}")
+        return proc
+    return run
+
+
+def test_design_document_manifests_run_a_gpu_workstation(kubectl, tmp_path):
+    kubectl("apply", "-f", "-", stdin="apiVersion: v1\nkind: Namespace\nmetadata:\n  name: notebook-alice\n")
+    out = kubectl("apply", "-f", str(SEED / "alice-rootdisk.yaml"), "-f", str(SEED / "alice-gpu-workstation.yaml"),
+                  "-f", str(SEED / "alice-notebook-service.yaml")).stdout
+    assert "datavolume.cdi.kubevirt.io/alice-rootdisk created" in out
+    assert "virtualmachine.kubevirt.io/alice-gpu-workstation created" in out
+    kubectl("wait", "--for=condition=Ready", "dv/alice-rootdisk", "-n", "notebook-alice", "--timeout=30s")
+    table = kubectl("get", "vm", "-n", "notebook-alice").stdout
+    assert table.split("\n")[0].split() == ["NAME", "AGE", "STATUS", "READY"]
+    assert "Stopped" in table
+    body = tmp_path / "empty.json"
+    body.write_text("{}")
+    start = "/apis/subresources.kubevirt.io/v1/namespaces/notebook-alice/virtualmachines/alice-gpu-workstation/start"
+    kubectl("replace", "--raw", start, "-f", str(body))
+    again = kubectl("replace", "--raw", start, "-f", str(body), check=False)
+    assert again.returncode != 0
+    kubectl("wait", "--for=condition=Ready", "vmi/alice-gpu-workstation", "-n", "notebook-alice", "--timeout=30s")
+    node = kubectl("get", "vmi", "alice-gpu-workstation", "-n", "notebook-alice",
+                   "-o", "jsonpath={.status.nodeName}").stdout
+    assert node == "vm-gpu-pci-1"
+    vm = json.loads(kubectl("get", "vm", "alice-gpu-workstation", "-n", "notebook-alice", "-o", "json").stdout)
+    assert vm["status"]["printableStatus"] == "Running"
+    snap = kubectl("apply", "-f", str(SEED / "alice-before-cuda-upgrade.yaml")).stdout
+    assert "created" in snap
+    kubectl("wait", "--for=jsonpath={.status.phase}=Succeeded", "vmsnapshot/alice-before-cuda-upgrade",
+            "-n", "notebook-alice", "--timeout=30s")
+    stop = start.replace("/start", "/stop")
+    kubectl("replace", "--raw", stop, "-f", str(body))
+    kubectl("wait", "--for=delete", "vmi/alice-gpu-workstation", "-n", "notebook-alice", "--timeout=30s")
+
+
+def test_label_replace_conflict_and_delete_wait(kubectl, tmp_path, core):
+    kubectl("apply", "-f", "-", stdin="apiVersion: v1\nkind: Namespace\nmetadata:\n  name: kctl\n")
+    kubectl("apply", "-n", "kctl", "-f", "-", stdin="apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\n"
+                                                     "data:\n  k: v\n")
+    kubectl("label", "configmap", "c", "-n", "kctl", "team=a")
+    got = json.loads(kubectl("get", "cm", "c", "-n", "kctl", "-o", "json").stdout)
+    assert got["metadata"]["labels"] == {"team": "a"}
+    kubectl("label", "vm", "--all", "-n", "notebook-alice", "tier=gpu", check=False)
+    stale = dict(got)
+    stale["data"] = {"k": "w"}
+    kubectl("label", "configmap", "c", "-n", "kctl", "team=b", "--overwrite")
+    path = tmp_path / "stale.json"
+    path.write_text(json.dumps(stale))
+    res = kubectl("replace", "-f", str(path), check=False)
+    assert res.returncode != 0 and "the object has been modified" in res.stderr
+    assert kubectl("get", "cm", "-n", "kctl", "-l", "team=b", "-o", "name").stdout.strip() == "configmap/c"
+    kubectl("delete", "configmap", "c", "-n", "kctl", "--wait=true", "--timeout=20s")
+    assert "NotFound" in kubectl("get", "cm", "c", "-n", "kctl", check=False).stderr
+
+
+def test_kubectl_delete_vm_with_templates_deletes_its_disk(kubectl, custom):
+    manifest = {
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": "tpl", "namespace": "kctl"},
+        "spec": {"runStrategy": "Halted", "dataVolumeTemplates": [{
+            "metadata": {"name": "tpl-disk"},
+            "spec": {"source": {"pvc": {"namespace": "vm-images", "name": "ubuntu-24-04-cuda-golden"}},
+                     "storage": {"resources": {"requests": {"storage": "10Gi"}}}}}],
+            "template": {"spec": {"domain": {"devices": {"disks": [{"name": "root", "disk": {"bus": "virtio"}}]},
+                                             "resources": {"requests": {"memory": "1Gi"}}},
+                                  "volumes": [{"name": "root", "dataVolume": {"name": "tpl-disk"}}]}}}}
+    kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
+    kubectl("wait", "--for=condition=Ready", "dv/tpl-disk", "-n", "kctl", "--timeout=30s")
+    assert "tpl-disk" in kubectl("get", "pvc", "-n", "kctl", "-o", "name").stdout
+    kubectl("delete", "vm", "tpl", "-n", "kctl", "--wait=true", "--timeout=30s")
+    wait_for(lambda: "tpl-disk" not in kubectl("get", "pvc,dv", "-n", "kctl", "-o", "name").stdout,
+             what="template disk deleted")

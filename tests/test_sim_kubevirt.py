@@ -1,0 +1,331 @@
+"""KubeVirt, CDI, scheduler, snapshot and guest behaviour of the simulator, on the wire."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+
+import pytest
+import requests
+from kubernetes.client.rest import ApiException
+
+from conftest import start_sim, api_client, wait_for
+from kube_objects import CDI, KV, SNAP, clone_dv, vm
+
+SUB = "/apis/subresources.kubevirt.io/v1/namespaces/{ns}/{kind}/{name}/{action}"
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory):
+    # Its own cluster: these tests use up GPUs and lose nodes.
+    s = start_sim(tmp_path_factory.mktemp("kubevirt"))
+    yield s
+    s.stop()
+
+
+def action(sim, ns, name, what, body=None):
+    return requests.put(sim.url + SUB.format(ns=ns, kind="virtualmachines", name=name, action=what),
+                        json=body or {})
+
+
+def agent(sim, ns, name, call):
+    return requests.get(sim.url + SUB.format(ns=ns, kind="virtualmachineinstances", name=name, action=call))
+
+
+def get(custom, group, ns, plural, name):
+    try:
+        return custom.get_namespaced_custom_object(*group, ns, plural, name)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+def vm_status(custom, ns, name):
+    return (get(custom, KV, ns, "virtualmachines", name) or {}).get("status", {}).get("printableStatus")
+
+
+def vmi_phase(custom, ns, name):
+    return ((get(custom, KV, ns, "virtualmachineinstances", name) or {}).get("status") or {}).get("phase")
+
+
+def make_disk(custom, ns, name, size="20Gi"):
+    custom.create_namespaced_custom_object(*CDI, ns, "datavolumes", clone_dv(name, size))
+    return wait_for(lambda: (get(custom, CDI, ns, "datavolumes", name) or {}).get("status", {}).get("phase")
+                    == "Succeeded", what=f"clone {name}")
+
+
+def running_vm(sim, custom, ns, name, **kw):
+    make_disk(custom, ns, f"{name}-disk")
+    custom.create_namespaced_custom_object(*KV, ns, "virtualmachines", vm(name, f"{name}-disk", **kw))
+    assert action(sim, ns, name, "start").status_code == 202
+    wait_for(lambda: vm_status(custom, ns, name) == "Running", what=f"{name} running")
+
+
+def test_clone_goes_through_cdi_phases(custom, core, ns, sim):
+    sim.call(lambda: sim.cluster.timing.update(clone=40.0, clone_schedule=20.0))
+    try:
+        custom.create_namespaced_custom_object(*CDI, ns, "datavolumes", clone_dv("slow"))
+        phases = set()
+
+        def progressing():
+            dv = get(custom, CDI, ns, "datavolumes", "slow")
+            st = dv.get("status") or {}
+            phases.add((st.get("phase"), st.get("progress")))
+            return st.get("phase") == "Succeeded"
+        wait_for(progressing, timeout=30, interval=0.01, what="clone done")
+    finally:
+        sim.call(lambda: sim.cluster.timing.update(clone=30.0, clone_schedule=2.0))
+    names = {p for p, _ in phases}
+    assert {"CloneScheduled", "CloneInProgress", "Succeeded"} <= names
+    assert any(p == "CloneInProgress" and prog not in ("0.00%", "N/A") and prog.endswith("%") for p, prog in phases)
+    assert ("Succeeded", "100.0%") in phases
+    pvc = core.read_namespaced_persistent_volume_claim("slow", ns)
+    assert pvc.metadata.owner_references[0].kind == "DataVolume" and pvc.spec.volume_mode == "Block"
+    reasons = {e.reason for e in core.list_namespaced_event(ns).items}
+    assert {"CloneScheduled", "CloneInProgress", "CloneSucceeded"} <= reasons
+
+
+def test_injected_clone_failure_and_missing_source(custom, ns, sim):
+    requests.post(f"{sim.url}/sim/v1/clones/fail-next", json={"count": 1})
+    custom.create_namespaced_custom_object(*CDI, ns, "datavolumes", clone_dv("broken"))
+    wait_for(lambda: get(custom, CDI, ns, "datavolumes", "broken").get("status", {}).get("phase") == "Failed",
+             what="failed clone")
+    dv = clone_dv("orphan")
+    dv["spec"]["source"]["pvc"]["name"] = "no-such-golden"
+    custom.create_namespaced_custom_object(*CDI, ns, "datavolumes", dv)
+    wait_for(lambda: any(c.get("reason") == "CloneWithoutSource" for c in
+                         get(custom, CDI, ns, "datavolumes", "orphan").get("status", {}).get("conditions", [])),
+             what="CloneWithoutSource")
+
+
+def test_start_stop_answers_like_virt_api(custom, ns, sim):
+    make_disk(custom, ns, "m-disk")
+    custom.create_namespaced_custom_object(*KV, ns, "virtualmachines", vm("m", "m-disk"))
+    wait_for(lambda: vm_status(custom, ns, "m") == "Stopped", what="stopped")
+    r = action(sim, ns, "m", "stop")
+    assert r.status_code == 409 and r.json()["reason"] == "Conflict" and "VM is not running" in r.json()["message"]
+    r = action(sim, ns, "m", "start")
+    assert r.status_code == 202 and r.text == ""
+    assert custom.get_namespaced_custom_object(*KV, ns, "virtualmachines", "m")["spec"]["runStrategy"] == "Always"
+    seen = set()
+    wait_for(lambda: seen.add(vm_status(custom, ns, "m")) or "Running" in seen, interval=0.01, what="running")
+    assert "Starting" in seen
+    r = action(sim, ns, "m", "start")
+    assert r.status_code == 409 and "VM is already running" in r.json()["message"]
+    vmi = custom.get_namespaced_custom_object(*KV, ns, "virtualmachineinstances", "m")
+    assert vmi["status"]["nodeName"].startswith("vm-cpu") and vmi["status"]["interfaces"][0]["ipAddress"]
+    assert [c for c in vmi["status"]["conditions"] if c["type"] == "Ready"][0]["status"] == "True"
+    phases = [p["phase"] for p in vmi["status"]["phaseTransitionTimestamps"]]
+    assert phases[:4] == ["Pending", "Scheduling", "Scheduled", "Running"]
+    r = action(sim, ns, "m", "stop", {"gracePeriod": 0})
+    assert r.status_code == 202
+    wait_for(lambda: get(custom, KV, ns, "virtualmachineinstances", "m") is None, what="vmi gone")
+    assert vm_status(custom, ns, "m") == "Stopped"
+    assert custom.get_namespaced_custom_object(*KV, ns, "virtualmachines", "m")["spec"]["runStrategy"] == "Halted"
+    # Always refuses a manual start; Manual uses stateChangeRequests.
+    custom.patch_namespaced_custom_object(*KV, ns, "virtualmachines", "m", {"spec": {"runStrategy": "Always"}})
+    wait_for(lambda: vm_status(custom, ns, "m") == "Running", what="Always starts it")
+    custom.patch_namespaced_custom_object(*KV, ns, "virtualmachines", "m", {"spec": {"runStrategy": "Manual"}})
+    assert action(sim, ns, "m", "stop").status_code == 202
+    wait_for(lambda: vm_status(custom, ns, "m") == "Stopped", what="manual stop")
+    assert action(sim, ns, "m", "start").status_code == 202
+    wait_for(lambda: vm_status(custom, ns, "m") == "Running", what="manual start")
+    custom.patch_namespaced_custom_object(*KV, ns, "virtualmachines", "m", {"spec": {"runStrategy": "Always"}})
+    r = action(sim, ns, "m", "start")
+    assert r.status_code == 409
+    assert action(sim, ns, "m", "stop").status_code == 202
+    wait_for(lambda: vm_status(custom, ns, "m") == "Stopped", what="stopped again")
+    r = requests.put(sim.url + SUB.format(ns=ns, kind="virtualmachines", name="nope", action="start"), json={})
+    assert r.status_code == 404
+
+
+def test_guest_runs_jupyter_on_its_root_disk_behind_the_service(custom, core, ns, sim):
+    core.create_namespaced_secret(ns, {"metadata": {"name": "env"}, "stringData": {"GREETING": "hello"}})
+    make_disk(custom, ns, "g-disk")
+    custom.create_namespaced_custom_object(*KV, ns, "virtualmachines", vm("g", "g-disk", secret="env"))
+    svc = core.create_namespaced_service(ns, {"metadata": {"name": "g-notebook"}, "spec": {
+        "selector": {"app": "g"}, "ports": [{"name": "jupyter", "port": 8888, "targetPort": 8888}]}})
+    assert svc.spec.cluster_ip.startswith("127.20.")
+    assert action(sim, ns, "g", "start").status_code == 202
+    wait_for(lambda: vm_status(custom, ns, "g") == "Running", what="running")
+    url = f"http://{svc.spec.cluster_ip}:8888"
+
+    def api_up():
+        try:
+            return requests.get(url + "/api", timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+    wait_for(api_up, timeout=60, interval=0.3, what="jupyter behind the service")
+    requests.put(url + "/api/contents/opt/marker.txt", json={"type": "file", "format": "text", "content": "x"})
+    pvc = core.read_namespaced_persistent_volume_claim("g-disk", ns)
+    root = os.path.join(sim.cluster.state_dir, "volumes", pvc.spec.volume_name)
+    assert open(os.path.join(root, "opt", "marker.txt")).read() == "x"
+    machine_id = open(os.path.join(root, "etc", "machine-id")).read().strip()
+    assert machine_id != "uninitialized" and len(machine_id) == 32
+    ep = core.read_namespaced_endpoints("g-notebook", ns)
+    vmi = custom.get_namespaced_custom_object(*KV, ns, "virtualmachineinstances", "g")
+    assert ep.subsets[0].addresses[0].ip == vmi["status"]["interfaces"][0]["ipAddress"]
+    guests = requests.get(f"{sim.url}/sim/v1/guests").json()["guests"]
+    pid = next(g["pid"] for g in guests if g["name"] == "g")
+    environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+    assert b"GREETING=hello" in environ
+    # The guest agent.
+    wait_for(lambda: agent(sim, ns, "g", "guestosinfo").status_code == 200, what="agent")
+    info = agent(sim, ns, "g", "guestosinfo").json()
+    assert info["os"]["prettyName"] == "Ubuntu 24.04.1 LTS"
+    fs = agent(sim, ns, "g", "filesystemlist").json()["items"][0]
+    assert fs["mountPoint"] == "/" and 0 < fs["usedBytes"] <= fs["totalBytes"] == 20 * 2**30
+    requests.put(f"{sim.url}/sim/v1/vmis/{ns}/g/users", json={"users": [{"userName": "alice", "loginTime": 1.5}]})
+    assert agent(sim, ns, "g", "userlist").json()["items"] == [{"userName": "alice", "loginTime": 1.5}]
+    requests.put(f"{sim.url}/sim/v1/vmis/{ns}/g/agent", json={"connected": False})
+    r = agent(sim, ns, "g", "guestosinfo")
+    assert r.status_code == 500 and r.headers["Content-Type"].startswith("text/plain")
+    wait_for(lambda: not any(c["type"] == "AgentConnected" for c in
+                             custom.get_namespaced_custom_object(*KV, ns, "virtualmachineinstances", "g")
+                             ["status"]["conditions"]), what="agent condition dropped")
+    requests.put(f"{sim.url}/sim/v1/vmis/{ns}/g/agent", json={"connected": True})
+    assert action(sim, ns, "g", "stop").status_code == 202
+    wait_for(lambda: get(custom, KV, ns, "virtualmachineinstances", "g") is None, what="stopped")
+    assert not api_up()
+    r = agent(sim, ns, "g", "guestosinfo")
+    assert r.status_code == 404
+    assert core.read_namespaced_persistent_volume_claim("g-disk", ns).status.phase == "Bound"
+
+
+def test_gpu_scheduling_and_capacity_release(custom, core, sim):
+    ns = "gpus"
+    core.create_namespace({"metadata": {"name": ns}})
+    running_vm(sim, custom, ns, "gpu1", gpu=True)
+    running_vm(sim, custom, ns, "gpu2", gpu=True)
+    for n in ("gpu1", "gpu2"):
+        assert custom.get_namespaced_custom_object(*KV, ns, "virtualmachineinstances", n)["status"]["nodeName"] \
+            == "vm-gpu-pci-1"
+    make_disk(custom, ns, "gpu3-disk")
+    custom.create_namespaced_custom_object(*KV, ns, "virtualmachines", vm("gpu3", "gpu3-disk", gpu=True))
+    assert action(sim, ns, "gpu3", "start").status_code == 202
+    wait_for(lambda: vm_status(custom, ns, "gpu3") == "ErrorUnschedulable", what="unschedulable")
+    vmi = custom.get_namespaced_custom_object(*KV, ns, "virtualmachineinstances", "gpu3")
+    cond = next(c for c in vmi["status"]["conditions"] if c["type"] == "PodScheduled")
+    assert cond["status"] == "False" and cond["reason"] == "Unschedulable"
+    assert cond["message"].startswith("0/4 nodes are available: 1 Insufficient nvidia.com/A100-PCIE-40GB, "
+                                      "3 node(s) didn't match Pod's node affinity/selector")
+    assert any(e.reason == "FailedScheduling" for e in core.list_namespaced_event(ns).items)
+    assert action(sim, ns, "gpu1", "stop").status_code == 202
+    wait_for(lambda: vm_status(custom, ns, "gpu3") == "Running", what="gpu3 gets the freed GPU")
+
+
+def test_delete_vm_keeps_standalone_pvc(custom, core, ns, sim):
+    running_vm(sim, custom, ns, "keep")
+    custom.delete_namespaced_custom_object(*KV, ns, "virtualmachines", "keep")
+    wait_for(lambda: get(custom, KV, ns, "virtualmachines", "keep") is None, what="vm deleted")
+    assert get(custom, KV, ns, "virtualmachineinstances", "keep") is None
+    assert core.read_namespaced_persistent_volume_claim("keep-disk", ns).status.phase == "Bound"
+    assert get(custom, CDI, ns, "datavolumes", "keep-disk") is not None
+
+
+def test_lost_node_fence_and_single_attach(custom, core, sim):
+    ns = "fencing"
+    core.create_namespace({"metadata": {"name": ns}})
+    running_vm(sim, custom, ns, "a")
+    node = custom.get_namespaced_custom_object(*KV, ns, "virtualmachineinstances", "a")["status"]["nodeName"]
+    requests.post(f"{sim.url}/sim/v1/nodes/{node}/lose")
+    wait_for(lambda: vmi_phase(custom, ns, "a") == "Unknown", what="VMI Unknown")
+    assert any(g["name"] == "a" and g["alive"] for g in requests.get(f"{sim.url}/sim/v1/guests").json()["guests"])
+    # Stopping cannot reach the lost node: the VMI stays, and so does its hold on the disk.
+    assert action(sim, ns, "a", "stop").status_code == 202
+    wait_for(lambda: (get(custom, KV, ns, "virtualmachineinstances", "a") or {}).get("metadata", {})
+             .get("deletionTimestamp"), what="deletion requested")
+    assert vmi_phase(custom, ns, "a") == "Unknown"
+    # A second VM on the same disk cannot attach it while the lost node may still write.
+    custom.create_namespaced_custom_object(*KV, ns, "virtualmachines", vm("b", "a-disk"))
+    assert action(sim, ns, "b", "start").status_code == 202
+    wait_for(lambda: any(e.reason == "FailedAttachVolume" for e in core.list_namespaced_event(ns).items),
+             what="Multi-Attach error")
+    assert vmi_phase(custom, ns, "b") == "Scheduled"
+    requests.post(f"{sim.url}/sim/v1/nodes/{node}/fence")
+    wait_for(lambda: get(custom, KV, ns, "virtualmachineinstances", "a") is None, what="fenced VMI gone")
+    wait_for(lambda: vmi_phase(custom, ns, "b") == "Running", what="b takes the disk")
+    assert custom.get_namespaced_custom_object(*KV, ns, "virtualmachineinstances", "b")["status"]["nodeName"] != node
+    assert requests.get(f"{sim.url}/sim/v1/violations").json()["violations"] == []
+    requests.post(f"{sim.url}/sim/v1/nodes/{node}/recover")
+    n = core.read_node(node)
+    assert next(c for c in n.status.conditions if c.type == "Ready").status == "True"
+
+
+def test_double_attach_on_one_node_is_recorded(custom, core, sim):
+    ns = "violation"
+    core.create_namespace({"metadata": {"name": ns}})
+    make_disk(custom, ns, "shared")
+    pin = {"kubernetes.io/hostname": "vm-cpu-2"}
+    for name in ("x", "y"):
+        body = vm(name, "shared")
+        body["spec"]["template"]["spec"]["nodeSelector"] = pin
+        custom.create_namespaced_custom_object(*KV, ns, "virtualmachines", body)
+        action(sim, ns, name, "start")
+        wait_for(lambda: vm_status(custom, ns, name) == "Running", what=f"{name} running")
+    violations = requests.get(f"{sim.url}/sim/v1/violations").json()["violations"]
+    assert violations and violations[-1]["claim"] == "shared" and violations[-1]["vmis"] == ["x", "y"]
+    sim.call(lambda: sim.cluster.compute.violations.clear())
+    for name in ("x", "y"):
+        action(sim, ns, name, "stop")
+
+
+def test_snapshot_indications_and_restores(custom, core, sim):
+    ns = "snaps"
+    core.create_namespace({"metadata": {"name": ns}})
+    running_vm(sim, custom, ns, "w")
+    pvc = core.read_namespaced_persistent_volume_claim("w-disk", ns)
+    root = os.path.join(sim.cluster.state_dir, "volumes", pvc.spec.volume_name)
+    open(os.path.join(root, "opt", "state.txt"), "w").write("before")
+    wait_for(lambda: agent(sim, ns, "w", "guestosinfo").status_code == 200, what="agent")
+
+    def snapshot(name):
+        custom.create_namespaced_custom_object(*SNAP, ns, "virtualmachinesnapshots", {
+            "apiVersion": "snapshot.kubevirt.io/v1beta1", "kind": "VirtualMachineSnapshot",
+            "metadata": {"name": name}, "spec": {"source": {"apiGroup": "kubevirt.io", "kind": "VirtualMachine",
+                                                            "name": "w"}}})
+        return wait_for(lambda: (lambda s: s if (s.get("status") or {}).get("readyToUse") else None)(
+            custom.get_namespaced_custom_object(*SNAP, ns, "virtualmachinesnapshots", name)), what=name)
+    online = snapshot("online")
+    assert online["status"]["phase"] == "Succeeded"
+    assert online["status"]["indications"] == ["Online", "GuestAgent"]
+    assert online["status"]["snapshotVolumes"]["includedVolumes"] == ["rootdisk"]
+    content = custom.get_namespaced_custom_object(*SNAP, ns, "virtualmachinesnapshotcontents",
+                                                  online["status"]["virtualMachineSnapshotContentName"])
+    assert content["status"]["readyToUse"] and content["spec"]["volumeBackups"][0]["volumeName"] == "rootdisk"
+    requests.put(f"{sim.url}/sim/v1/vmis/{ns}/w/agent", json={"connected": False})
+    assert snapshot("noagent")["status"]["indications"] == ["Online", "NoGuestAgent"]
+    action(sim, ns, "w", "stop")
+    wait_for(lambda: vm_status(custom, ns, "w") == "Stopped", what="stopped")
+    assert snapshot("offline")["status"]["indications"] == []
+    open(os.path.join(root, "opt", "state.txt"), "w").write("after")
+
+    def restore(name, **spec):
+        custom.create_namespaced_custom_object(*SNAP, ns, "virtualmachinerestores", {
+            "apiVersion": "snapshot.kubevirt.io/v1beta1", "kind": "VirtualMachineRestore", "metadata": {"name": name},
+            "spec": {"target": {"apiGroup": "kubevirt.io", "kind": "VirtualMachine", "name": "w"},
+                     "virtualMachineSnapshotName": "online", **spec}})
+        return wait_for(lambda: (lambda r: r if (r.get("status") or {}).get("complete") else None)(
+            custom.get_namespaced_custom_object(*SNAP, ns, "virtualmachinerestores", name)), what=name)
+    # InPlace: the same claim gets the snapshot's data back.
+    r = restore("inplace", volumeRestorePolicy="InPlace")
+    assert r["status"]["restores"][0]["persistentVolumeClaim"] == "w-disk"
+    assert open(os.path.join(root, "opt", "state.txt")).read() == "before"
+    # RandomizeNames (the default): a new claim owned by the VM, the VM rewritten to use it.
+    open(os.path.join(root, "opt", "state.txt"), "w").write("after")
+    r = restore("randomized")
+    claim = r["status"]["restores"][0]["persistentVolumeClaim"]
+    assert claim.startswith("restore-") and claim.endswith("-rootdisk")
+    new_pvc = core.read_namespaced_persistent_volume_claim(claim, ns)
+    assert new_pvc.metadata.owner_references[0].kind == "VirtualMachine"
+    new_root = os.path.join(sim.cluster.state_dir, "volumes", new_pvc.spec.volume_name)
+    assert open(os.path.join(new_root, "opt", "state.txt")).read() == "before"
+    vm_obj = custom.get_namespaced_custom_object(*KV, ns, "virtualmachines", "w")
+    assert vm_obj["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == claim
+    # StopTarget stops a running target first.
+    action(sim, ns, "w", "start")
+    wait_for(lambda: vm_status(custom, ns, "w") == "Running", what="running for StopTarget")
+    r = restore("stoptarget", targetReadinessPolicy="StopTarget", volumeRestorePolicy="InPlace")
+    assert r["status"]["complete"] and vm_status(custom, ns, "w") == "Stopped"
