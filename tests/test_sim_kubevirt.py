@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import base64
+import ipaddress
 import json
 import os
 
@@ -147,7 +147,7 @@ def test_guest_runs_jupyter_on_its_root_disk_behind_the_service(custom, core, ns
     custom.create_namespaced_custom_object(*KV, ns, "virtualmachines", vm("g", "g-disk", secret="env"))
     svc = core.create_namespaced_service(ns, {"metadata": {"name": "g-notebook"}, "spec": {
         "selector": {"app": "g"}, "ports": [{"name": "jupyter", "port": 8888, "targetPort": 8888}]}})
-    assert svc.spec.cluster_ip.startswith("127.20.")
+    assert ipaddress.ip_address(svc.spec.cluster_ip) in sim.cluster.service_network
     assert action(sim, ns, "g", "start").status_code == 202
     wait_for(lambda: vm_status(custom, ns, "g") == "Running", what="running")
     url = f"http://{svc.spec.cluster_ip}:8888"
@@ -329,3 +329,77 @@ def test_snapshot_indications_and_restores(custom, core, sim):
     wait_for(lambda: vm_status(custom, ns, "w") == "Running", what="running for StopTarget")
     r = restore("stoptarget", targetReadinessPolicy="StopTarget", volumeRestorePolicy="InPlace")
     assert r["status"]["complete"] and vm_status(custom, ns, "w") == "Stopped"
+
+
+def test_gpu_quota_blocks_the_launcher(custom, core, sim):
+    ns = "gpuquota"
+    core.create_namespace({"metadata": {"name": ns}})
+    core.create_namespaced_resource_quota(ns, {"metadata": {"name": "gpus"}, "spec": {"hard": {
+        "requests.nvidia.com/A100-PCIE-40GB": "0"}}})
+    make_disk(custom, ns, "q-disk")
+    custom.create_namespaced_custom_object(*KV, ns, "virtualmachines", vm("q", "q-disk", gpu=True))
+    assert action(sim, ns, "q", "start").status_code == 202
+    ev = wait_for(lambda: next((e for e in core.list_namespaced_event(ns).items if e.reason == "FailedCreate"), None),
+                  what="FailedCreate")
+    assert "exceeded quota: gpus" in ev.message
+    assert get(custom, KV, ns, "virtualmachineinstances", "q") is None
+    action(sim, ns, "q", "stop")
+
+
+def test_run_strategies_rerun_once_and_restart(custom, core, sim):
+    ns = "strategies"
+    core.create_namespace({"metadata": {"name": ns}})
+    make_disk(custom, ns, "r-disk")
+    # The guest exits with an error shortly after boot: RerunOnFailure replaces the VMI.
+    sim.call(lambda: setattr(sim.cluster, "guest_command", ["sh", "-c", "sleep 0.5; exit 3", "--"]))
+    try:
+        custom.create_namespaced_custom_object(*KV, ns, "virtualmachines",
+                                               vm("r", "r-disk", run_strategy="RerunOnFailure"))
+        first = wait_for(lambda: (get(custom, KV, ns, "virtualmachineinstances", "r") or {}).get("metadata", {})
+                         .get("uid"), what="first VMI")
+        wait_for(lambda: (get(custom, KV, ns, "virtualmachineinstances", "r") or {}).get("metadata", {})
+                 .get("uid") not in (None, first), timeout=30, what="VMI replaced after failure")
+        assert any(e.reason == "Failed" for e in core.list_namespaced_event(ns).items)
+        custom.patch_namespaced_custom_object(*KV, ns, "virtualmachines", "r", {"spec": {"runStrategy": "Halted"}})
+        wait_for(lambda: get(custom, KV, ns, "virtualmachineinstances", "r") is None, what="halted")
+        # Once: runs one time, then the VM is Halted.
+        sim.call(lambda: setattr(sim.cluster, "guest_command", ["sh", "-c", "sleep 0.5; exit 0", "--"]))
+        custom.patch_namespaced_custom_object(*KV, ns, "virtualmachines", "r", {"spec": {"runStrategy": "Once"}})
+        r = action(sim, ns, "r", "start")
+        assert r.status_code == 409 and ("Once does not support manual start requests" in r.json()["message"]
+                                         or "VM is already running" in r.json()["message"])
+        wait_for(lambda: custom.get_namespaced_custom_object(*KV, ns, "virtualmachines", "r")["spec"]["runStrategy"]
+                 == "Halted", timeout=30, what="Once -> Halted")
+    finally:
+        sim.call(lambda: setattr(sim.cluster, "guest_command", None))
+    # restart: a new VMI replaces the running one.
+    assert action(sim, ns, "r", "restart").status_code == 409
+    action(sim, ns, "r", "start")
+    wait_for(lambda: vm_status(custom, ns, "r") == "Running", what="running")
+    uid = custom.get_namespaced_custom_object(*KV, ns, "virtualmachineinstances", "r")["metadata"]["uid"]
+    assert action(sim, ns, "r", "restart", {"gracePeriodSeconds": 0}).status_code == 202
+    wait_for(lambda: (get(custom, KV, ns, "virtualmachineinstances", "r") or {}).get("metadata", {}).get("uid")
+             not in (None, uid) and vm_status(custom, ns, "r") == "Running", timeout=30, what="restarted")
+    action(sim, ns, "r", "stop")
+
+
+def test_simulator_restart_keeps_running_machines(tmp_path):
+    from kubernetes import client
+    s = start_sim(tmp_path, guest_mode="null")
+    kube = api_client(s)
+    custom, core = client.CustomObjectsApi(kube), client.CoreV1Api(kube)
+    core.create_namespace({"metadata": {"name": "keep"}})
+    make_disk(custom, "keep", "k-disk")
+    custom.create_namespaced_custom_object(*KV, "keep", "virtualmachines", vm("k", "k-disk"))
+    action(s, "keep", "k", "start")
+    wait_for(lambda: vm_status(custom, "keep", "k") == "Running", what="running")
+    ip = custom.get_namespaced_custom_object(*KV, "keep", "virtualmachineinstances", "k")["status"]["interfaces"][0][
+        "ipAddress"]
+    s.stop()
+    s2 = start_sim(tmp_path, guest_mode="null")
+    try:
+        custom2 = client.CustomObjectsApi(api_client(s2))
+        assert vm_status(custom2, "keep", "k") == "Running"
+        wait_for(lambda: requests.get(f"http://{ip}:8888/api", timeout=1).status_code == 200, what="guest back")
+    finally:
+        s2.stop()

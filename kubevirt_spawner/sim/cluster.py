@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import ipaddress
+import json
 import logging
 import os
+import random
 import resource
+import socket
 import time
 
 from .compute import VM, VMI, Compute
@@ -40,8 +43,30 @@ DEFAULT_TIMING = {
     "restore": 2.0,
 }
 
-VMI_NETWORK = ipaddress.ip_network("127.10.0.0/16")
-SERVICE_NETWORK = ipaddress.ip_network("127.20.0.0/16")
+
+def _networks(state_dir: str) -> tuple[ipaddress.IPv4Network, ipaddress.IPv4Network]:
+    """The loopback ranges of this cluster's VMIs and Services. Each state directory draws its own
+    pair once (kept in network.json), so several simulators on one machine never share an address."""
+    path = os.path.join(state_dir, "network.json")
+    try:
+        with open(path) as f:
+            octets = json.load(f)
+    except (OSError, ValueError):
+        pick = random.SystemRandom().randrange(10, 120)
+        octets = {"vmi": pick, "service": pick + 120}
+        with open(path, "w") as f:
+            json.dump(octets, f)
+    return (ipaddress.ip_network(f"127.{octets['vmi']}.0.0/16"),
+            ipaddress.ip_network(f"127.{octets['service']}.0.0/16"))
+
+
+def _free(ip: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((ip, port))
+            return True
+        except OSError:
+            return False
 
 
 class Cluster:
@@ -71,6 +96,7 @@ class Cluster:
         self._ips: dict[str, dict[str, str]] = {"vmi": {}, "svc": {}}
         self._tasks: list[asyncio.Task] = []
         self._due: dict[tuple, float] = {}
+        self.vmi_network, self.service_network = _networks(self.state_dir)
 
     def t(self, name: str) -> float:
         return self.timing[name] / self.speed
@@ -123,6 +149,9 @@ class Cluster:
         self._tasks.append(asyncio.get_running_loop().create_task(self.store.flush_forever()))
 
     async def stop(self):
+        # The machines keep running while the simulator is down: nothing that happens to the
+        # guest processes during shutdown is written to the cluster.
+        self.started = False
         for task in self._tasks:
             task.cancel()
         for q in getattr(self, "queues", []):
@@ -260,7 +289,7 @@ class Cluster:
         self._ips[pool].pop(uid, None)
 
     def _next_ip(self, pool: str) -> str:
-        network = VMI_NETWORK if pool == "vmi" else SERVICE_NETWORK
+        network = self.vmi_network if pool == "vmi" else self.service_network
         used = set(self._ips[pool].values())
         if pool == "svc":
             used |= {field_value(s, "spec.clusterIP") for s in self.store.list(SERVICE)}
@@ -268,6 +297,8 @@ class Cluster:
             ip = str(host)
             if ip.endswith(".0") or ip.endswith(".1") or ip in used:
                 continue
+            if pool == "vmi" and not _free(ip, 8888):
+                continue  # someone else (another simulator's guest) holds it
             return ip
         raise RuntimeError(f"the simulator ran out of {pool} addresses")
 

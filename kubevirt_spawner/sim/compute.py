@@ -544,6 +544,10 @@ class Compute:
         return guest_environment(datas)
 
     async def _start_guest(self, vmi: dict, ip: str, root: str):
+        await self._launch(self._register_guest(vmi, ip, root))
+
+    def _register_guest(self, vmi: dict, ip: str, root: str) -> Guest:
+        """The guest is known before its process starts, so a second reconcile does not start it twice."""
         key = (vmi["metadata"]["namespace"], vmi["metadata"]["name"])
         old = self.guests.pop(key, None)
         if old is not None:
@@ -553,6 +557,10 @@ class Compute:
         guest.grace_override = None
         guest.uid = vmi["metadata"]["uid"]
         self.guests[key] = guest
+        return guest
+
+    async def _launch(self, guest: Guest):
+        key = guest.key
         try:
             if self.c.guest_mode == "null":
                 await guest.start_null()
@@ -572,8 +580,8 @@ class Compute:
         ns, name = guest.key
         if self.guests.get(guest.key) is guest:
             del self.guests[guest.key]
-        if guest.key in self._stopping:
-            return  # a requested shutdown: _terminate finishes the VMI
+        if guest.key in self._stopping or not self.c.started:
+            return  # a requested shutdown (_terminate finishes the VMI) or the simulator stopping
         vmi = self.store.get(VMI, ns, name)
         if vmi is None or vmi["metadata"]["uid"] != guest.uid or field_value(vmi, "status.phase") != "Running":
             return
@@ -607,8 +615,9 @@ class Compute:
             set_condition(status, condition("Ready", "True"))
         if (ns, name) not in self.guests and self.c.started and self.root_dir(vmi) is not None:
             # The simulator restarted under a running machine: bring its guest back.
-            asyncio.get_running_loop().create_task(self._start_guest(
-                vmi, field_value(vmi, "status.interfaces")[0]["ipAddress"], self.root_dir(vmi)))
+            guest = self._register_guest(vmi, field_value(vmi, "status.interfaces")[0]["ipAddress"],
+                                         self.root_dir(vmi))
+            asyncio.get_running_loop().create_task(self._launch(guest))
         if self.agent_connected(vmi) and self._agent_due(vmi):
             set_condition(status, condition("AgentConnected", "True"))
             status["guestOSInfo"] = self.guest_os_info(vmi)
