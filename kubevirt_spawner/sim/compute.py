@@ -14,7 +14,7 @@ from .guests import Guest, first_boot, guest_environment
 from .resources import BY_KIND
 from .scheduler import node_ready, schedule
 from .selectors import field_value
-from .timeutil import now_iso
+from .timeutil import now_iso, seconds_since
 
 log = logging.getLogger(__name__)
 
@@ -632,8 +632,7 @@ class Compute:
         running = [s for s in stamps if s["phase"] == "Running"]
         if not running:
             return False
-        from .timeutil import parse_iso
-        elapsed = (parse_iso(now_iso()) - parse_iso(running[-1]["phaseTransitionTimestamp"])).total_seconds()
+        elapsed = seconds_since(running[-1]["phaseTransitionTimestamp"])
         due = self.c.t("agent")
         if elapsed + 1 >= due:  # timestamps have one-second resolution
             return True

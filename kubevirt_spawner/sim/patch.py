@@ -118,7 +118,7 @@ MERGE_KEYS = {
 }
 
 
-def strategic_merge_patch(target, patch, field: str = ""):
+def strategic_merge_patch(target, patch):
     """Strategic merge patch for the core kinds, as `kubectl` and the Python client send it.
 
     Maps merge like JSON merge patch; lists with a known merge key merge element by element;
@@ -143,15 +143,15 @@ def strategic_merge_patch(target, patch, field: str = ""):
         if value is None:
             result.pop(key, None)
         elif isinstance(value, list) and isinstance(result.get(key), list) and key in MERGE_KEYS:
-            result[key] = _merge_list(result[key], value, MERGE_KEYS[key], key)
+            result[key] = _merge_list(result[key], value, MERGE_KEYS[key])
         else:
-            result[key] = strategic_merge_patch(result.get(key), value, key)
+            result[key] = strategic_merge_patch(result.get(key), value)
     if retain is not None:
         result = {k: v for k, v in result.items() if k in retain}
     return result
 
 
-def _merge_list(current: list, patch: list, merge_key: str | None, field: str) -> list:
+def _merge_list(current: list, patch: list, merge_key: str | None) -> list:
     if merge_key is None:
         # A list of primitives with set semantics (finalizers) merges as a union.
         if all(not isinstance(v, dict) for v in patch):
@@ -169,7 +169,7 @@ def _merge_list(current: list, patch: list, merge_key: str | None, field: str) -
         elif index is None:
             result.append({k: v for k, v in copy.deepcopy(item).items() if k != "$patch"})
         else:
-            result[index] = strategic_merge_patch(result[index], item, field)
+            result[index] = strategic_merge_patch(result[index], item)
     return result
 
 
@@ -181,6 +181,6 @@ def apply_patch(content_type: str, target: dict, body) -> dict:
         return merge_patch(target, body)
     if ct == "application/strategic-merge-patch+json":
         return strategic_merge_patch(target, body)
-    raise ApiError(415, "UnsupportedMediaType", f'the body of the request was in an unknown format - '
-                   f'accepted media types include: application/json-patch+json, application/merge-patch+json, '
-                   f'application/strategic-merge-patch+json')
+    raise ApiError(415, "UnsupportedMediaType", 'the body of the request was in an unknown format - '
+                   'accepted media types include: application/json-patch+json, application/merge-patch+json, '
+                   'application/strategic-merge-patch+json')

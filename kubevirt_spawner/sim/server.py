@@ -55,7 +55,7 @@ class ApiHandler(tornado.web.RequestHandler):
         self._watcher: Watcher | None = None
 
     def check_xsrf_cookie(self):
-        pass
+        """The Kubernetes API has no cookies, so there is nothing to check."""
 
     def compute_etag(self):
         return None

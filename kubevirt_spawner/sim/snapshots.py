@@ -12,7 +12,7 @@ from .compute import VM, VMI, claim_names, condition, run_strategy, set_conditio
 from .resources import BY_KIND
 from .selectors import field_value
 from .storage import copy_tree, replace_tree
-from .timeutil import now_iso, parse_iso
+from .timeutil import now_iso, seconds_since
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class Snapshots:
         vm = self.store.get(VM, ns, field_value(snap, "spec.source.name") or "")
         if vm is None:
             deadline = field_value(snap, "spec.failureDeadline") or "5m"
-            age = (parse_iso(now_iso()) - parse_iso(snap["metadata"]["creationTimestamp"])).total_seconds()
+            age = seconds_since(snap["metadata"]["creationTimestamp"])
             if age > _duration(deadline) / self.c.speed:
                 status["phase"] = "Failed"
                 _conds(status, ("False", "Failed", "snapshot deadline exceeded"), ("False", "Failed", "Source does not exist"))
@@ -182,7 +182,7 @@ class Snapshots:
         vmi = self.store.get(VMI, ns, vm["metadata"]["name"])
         if vmi is not None:
             policy = field_value(restore, "spec.targetReadinessPolicy") or "WaitGracePeriod"
-            age = (parse_iso(now_iso()) - parse_iso(restore["metadata"]["creationTimestamp"])).total_seconds()
+            age = seconds_since(restore["metadata"]["creationTimestamp"])
             if policy == "StopTarget":
                 if run_strategy(vm) != "Halted" and not vmi["metadata"].get("deletionTimestamp"):
                     self.c.compute.vm_action(ns, vm["metadata"]["name"], "stop", {})

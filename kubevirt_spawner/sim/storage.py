@@ -15,7 +15,6 @@ from .compute import condition, set_condition
 from .quantity import parse_quantity
 from .resources import BY_KIND
 from .selectors import field_value
-from .timeutil import now_iso
 
 log = logging.getLogger(__name__)
 

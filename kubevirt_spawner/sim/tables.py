@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from .resources import ResourceType
-from .timeutil import now_iso
+from .timeutil import seconds_since
 
 _FILTER = re.compile(r"^(\w+)\[\?(\w+)=(\w+)\]$")
 _INDEX = re.compile(r"^(\w+)\[(\d+)\]$")
@@ -50,8 +50,7 @@ def table(rt: ResourceType, objects: list[dict], list_meta: dict) -> dict:
 
 
 def _age(timestamp: str) -> str:
-    from .timeutil import parse_iso
-    seconds = int((parse_iso(now_iso()) - parse_iso(timestamp)).total_seconds())
+    seconds = int(seconds_since(timestamp))
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size * 2 or (unit == "m" and seconds >= 60):
             return f"{seconds // size}{unit}"

@@ -9,3 +9,7 @@ def now_iso() -> str:
 
 def parse_iso(text: str) -> datetime:
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+
+
+def seconds_since(timestamp: str) -> float:
+    return (datetime.now(timezone.utc) - parse_iso(timestamp)).total_seconds()
