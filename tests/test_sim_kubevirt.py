@@ -402,3 +402,24 @@ def test_simulator_restart_keeps_running_machines(tmp_path):
         wait_for(lambda: requests.get(f"http://{ip}:8888/api", timeout=1).status_code == 200, what="guest back")
     finally:
         s2.stop()
+
+
+def test_grace_period_bounds_a_guest_that_ignores_shutdown(custom, core, sim):
+    import time
+    ns = "grace"
+    core.create_namespace({"metadata": {"name": ns}})
+    make_disk(custom, ns, "s-disk")
+    body = vm("s", "s-disk")
+    body["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 1
+    custom.create_namespaced_custom_object(*KV, ns, "virtualmachines", body)
+    sim.call(lambda: setattr(sim.cluster, "guest_command", ["sh", "-c", "trap '' TERM; sleep 60 & wait; sleep 60",
+                                                            "--"]))
+    try:
+        action(sim, ns, "s", "start")
+        wait_for(lambda: vm_status(custom, ns, "s") == "Running", what="running")
+        t0 = time.monotonic()
+        action(sim, ns, "s", "stop")
+        wait_for(lambda: get(custom, KV, ns, "virtualmachineinstances", "s") is None, what="forced off")
+        assert 0.9 <= time.monotonic() - t0 < 10
+    finally:
+        sim.call(lambda: setattr(sim.cluster, "guest_command", None))
