@@ -23,6 +23,11 @@ def _sim(args) -> int:
     return 0
 
 
+def _demo(args) -> int:
+    from .demo import run
+    return run(args.state, args.port, args.speed)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kubevirt-spawner", description=__doc__)
     parser.add_argument("--log-level", default="INFO")
@@ -37,9 +42,14 @@ def main(argv: list[str] | None = None) -> int:
                      help="run a Jupyter server per running VMI, or one shared null responder")
     sim.add_argument("--guest-command", nargs="*", help="command each guest runs instead of Jupyter")
     sim.set_defaults(func=_sim)
+    demo = sub.add_parser("demo", help="run the local demo: simulator, proxy and JupyterHub")
+    demo.add_argument("--state", required=True, help="directory for the demo's cluster, hub database and logs")
+    demo.add_argument("--port", type=int, default=8000, help="public port of the hub on 127.0.0.1 (default 8000)")
+    demo.add_argument("--speed", type=float, default=5.0, help="simulated cluster speed factor (default 5)")
+    demo.set_defaults(func=_demo)
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.command == "sim" and args.speed <= 0:
+    if args.command in ("sim", "demo") and args.speed <= 0:
         parser.error("--speed must be positive")
     return args.func(args)
 

@@ -10,7 +10,7 @@ import os
 
 from . import errors
 from .admission import check_quota, gpu_requests
-from .guests import Guest, first_boot, guest_environment
+from .guests import Guest, guest_arguments, first_boot, guest_environment
 from .resources import BY_KIND
 from .scheduler import node_ready, schedule
 from .selectors import field_value
@@ -526,6 +526,10 @@ class Compute:
         return None
 
     def guest_env(self, vmi: dict) -> dict:
+        return guest_environment(self._secret_datas(vmi))
+
+    def _secret_datas(self, vmi: dict) -> list[dict]:
+        """The decoded data of every Secret the VMI mounts (as a disk or as cloud-init)."""
         ns = vmi["metadata"]["namespace"]
         datas = []
         for v in field_value(vmi, "spec.volumes") or []:
@@ -541,7 +545,7 @@ class Compute:
                 secret = self.store.get(SECRET, ns, secret_name)
                 if secret is not None:
                     datas.append(self.c.secret_data(secret))
-        return guest_environment(datas)
+        return datas
 
     async def _start_guest(self, vmi: dict, ip: str, root: str):
         await self._launch(self._register_guest(vmi, ip, root))
@@ -552,7 +556,8 @@ class Compute:
         old = self.guests.pop(key, None)
         if old is not None:
             old.kill()
-        guest = Guest(key, ip, root, self.guest_env(vmi),
+        datas = self._secret_datas(vmi)
+        guest = Guest(key, ip, root, guest_environment(datas), guest_arguments(datas),
                       os.path.join(self.c.state_dir, "guests", f"{key[0]}_{key[1]}.log"), self.c.guest_command)
         guest.grace_override = None
         guest.uid = vmi["metadata"]["uid"]

@@ -41,6 +41,22 @@ def guest_environment(secret_datas: list[dict[str, str]]) -> dict[str, str]:
     return env
 
 
+def guest_arguments(secret_datas: list[dict[str, str]]) -> list[str]:
+    """Extra Jupyter command-line arguments a VM receives as `args.json` (a JSON list) in a Secret;
+    the golden image's unit appends them to the jupyterhub-singleuser command."""
+    for data in secret_datas:
+        if "args.json" in data:
+            try:
+                args = json.loads(data["args.json"])
+            except ValueError:
+                log.warning("args.json in the VM's Secret is not JSON: ignored")
+                return []
+            if isinstance(args, list) and all(isinstance(a, str) for a in args):
+                return args
+            log.warning("args.json in the VM's Secret is not a list of strings: ignored")
+    return []
+
+
 def first_boot(root: str):
     """What cloud-init does on a clone's first boot: a fresh machine-id."""
     path = os.path.join(root, "etc", "machine-id")
@@ -70,8 +86,9 @@ def default_command(env: dict[str, str]) -> list[str]:
 
 
 class Guest:
-    def __init__(self, key, ip: str, root: str, env: dict[str, str], log_path: str, command: list[str] | None):
-        self.key, self.ip, self.root, self.env = key, ip, root, env
+    def __init__(self, key, ip: str, root: str, env: dict[str, str], args: list[str], log_path: str,
+                 command: list[str] | None):
+        self.key, self.ip, self.root, self.env, self.args = key, ip, root, env, args
         self.log_path = log_path
         self.command = command
         self.proc: asyncio.subprocess.Process | None = None
@@ -87,7 +104,7 @@ class Guest:
         env.update({"HOME": home, "USER": user, "JUPYTER_RUNTIME_DIR": os.path.join(home, ".local/share/jupyter/runtime"),
                     "JUPYTERHUB_SERVICE_URL": f"http://{self.ip}:{JUPYTER_PORT}{prefix}",
                     "KUBEVIRT_SIM_MACHINE_ROOT": self.root})
-        cmd = list(self.command or default_command(self.env))
+        cmd = list(self.command) if self.command else default_command(self.env) + list(self.args)
         cmd += [f"--ip={self.ip}", f"--port={JUPYTER_PORT}", f"--ServerApp.root_dir={self.root}",
                 "--ServerApp.open_browser=False"]
         os.makedirs(os.path.dirname(self.log_path), exist_ok=True)

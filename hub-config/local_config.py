@@ -1,0 +1,61 @@
+"""JupyterHub config of the local demo (and the end-to-end tests): KubeVirtSpawner, unchanged,
+against the simulator's kubeconfig. `kubevirt-spawner demo` sets the environment it reads."""
+
+import os
+
+from kubevirt_spawner.demo import DEMO_PASSWORD
+
+c = get_config()  # noqa: F821 (provided by JupyterHub)
+state = os.environ["KUBEVIRT_DEMO_STATE"]
+
+# --- hub, proxy (started by the demo, so it survives hub restarts), login
+c.JupyterHub.ip = "127.0.0.1"
+c.JupyterHub.port = int(os.environ["KUBEVIRT_DEMO_PORT"])
+c.JupyterHub.hub_ip = "127.0.0.1"
+c.JupyterHub.hub_port = int(os.environ["KUBEVIRT_DEMO_HUB_PORT"])
+c.ConfigurableHTTPProxy.should_start = False
+c.ConfigurableHTTPProxy.api_url = os.environ["CONFIGPROXY_API_URL"]  # the token comes from CONFIGPROXY_AUTH_TOKEN
+c.JupyterHub.db_url = f"sqlite:///{state}/hub/jupyterhub.sqlite"
+c.JupyterHub.cookie_secret_file = f"{state}/hub/jupyterhub_cookie_secret"
+c.JupyterHub.pid_file = f"{state}/hub/jupyterhub.pid"
+c.JupyterHub.cleanup_servers = False  # workstations keep running across hub restarts
+c.JupyterHub.allow_named_servers = True
+c.JupyterHub.authenticator_class = "dummy"
+c.DummyAuthenticator.password = DEMO_PASSWORD
+c.Authenticator.allow_all = True
+c.Authenticator.admin_users = {"admin"}
+c.JupyterHub.services = [{"name": "demo-admin", "api_token": os.environ["KUBEVIRT_DEMO_ADMIN_TOKEN"]}]
+c.JupyterHub.load_roles = [{"name": "admin", "users": ["admin"], "services": ["demo-admin"]}]
+
+# --- the spawner
+c.JupyterHub.spawner_class = "kubevirt"
+c.KubeVirtSpawner.kubeconfig = os.environ["KUBEVIRT_SPAWNER_KUBECONFIG"]
+c.KubeVirtSpawner.url_mode = "cluster-ip"  # no cluster DNS on this machine
+c.KubeVirtSpawner.golden_image = "vm-images/ubuntu-24-04-cuda-golden"
+c.KubeVirtSpawner.root_disk_size = "60Gi"
+c.KubeVirtSpawner.args = ["--ContentsManager.allow_hidden=True"]  # dotfiles are part of a workstation
+c.KubeVirtSpawner.start_timeout = 300
+c.KubeVirtSpawner.http_timeout = 60
+
+gpu_placement = {
+    "node_selector": {"workload.example.com/kubevirt": "true", "accelerator.example.com/mode": "vfio"},
+    "tolerations": [{"key": "workload.example.com/kubevirt", "operator": "Equal", "value": "true",
+                     "effect": "NoSchedule"}],
+}
+c.KubeVirtSpawner.profile_list = [
+    {"display_name": "CPU workstation: 2 CPUs, 4 GiB", "slug": "cpu", "default": True,
+     "description": "For notebooks, data wrangling and builds.",
+     "kubevirt_override": {"cpu_guarantee": 2, "mem_guarantee": "4G"}},
+    {"display_name": "GPU workstation: 1x A100, 8 CPUs, 64 GiB", "slug": "gpu-a100-1",
+     "description": "One NVIDIA A100 passed through (VFIO).",
+     "kubevirt_override": {"cpu_guarantee": 8, "mem_guarantee": "64G", "root_disk_size": "150Gi",
+                           "gpus": {"nvidia.com/A100-PCIE-40GB": 1}, **gpu_placement}},
+    {"display_name": "GPU workstation: 2x A100, 16 CPUs, 128 GiB", "slug": "gpu-a100-2",
+     "description": "Two NVIDIA A100s passed through (VFIO).",
+     "kubevirt_override": {"cpu_guarantee": 16, "mem_guarantee": "128G", "root_disk_size": "150Gi",
+                           "gpus": {"nvidia.com/A100-PCIE-40GB": 2}, **gpu_placement}},
+]
+
+# Tests (and curious users) can add settings without editing this file.
+if os.environ.get("KUBEVIRT_DEMO_EXTRA_CONFIG"):
+    load_subconfig(os.environ["KUBEVIRT_DEMO_EXTRA_CONFIG"])  # noqa: F821

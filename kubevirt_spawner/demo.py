@@ -1,0 +1,187 @@
+"""The local demo: the simulator, configurable-http-proxy and JupyterHub with the local config.
+
+The same pieces start the end-to-end tests, so what the tests check is what the demo runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+SOURCE_DIR = PACKAGE_DIR.parent
+LOCAL_CONFIG = SOURCE_DIR / "hub-config" / "local_config.py"
+DEMO_PASSWORD = "demo"
+
+
+class DemoError(Exception):
+    """Something the demo needs is missing; the text says what to do."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def find_proxy() -> str:
+    """configurable-http-proxy on PATH, or the one `npm ci` put into the source checkout."""
+    local = SOURCE_DIR / "node_modules" / ".bin" / "configurable-http-proxy"
+    if local.exists():
+        return str(local)
+    found = shutil.which("configurable-http-proxy")
+    if found:
+        return found
+    raise DemoError("configurable-http-proxy is not installed: run `npm ci` in the source checkout "
+                    "(or `npm install -g configurable-http-proxy`)")
+
+
+def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None, what: str = "server"):
+    """Wait until `url` answers (any HTTP status); fail early when `proc` exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise DemoError(f"the {what} exited with code {proc.returncode} before it answered at {url}")
+        try:
+            urllib.request.urlopen(url, timeout=2).close()
+            return
+        except urllib.error.HTTPError:
+            return
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.1)
+    raise DemoError(f"the {what} did not answer at {url} within {timeout:.0f}s")
+
+
+@dataclass
+class HubSettings:
+    """What the local hub config reads from the environment."""
+    state_dir: Path
+    kubeconfig: str
+    port: int
+    hub_port: int
+    proxy_api_port: int
+    proxy_token: str
+    admin_token: str
+    extra_config: str | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update({"KUBEVIRT_DEMO_STATE": str(self.state_dir), "KUBEVIRT_SPAWNER_KUBECONFIG": self.kubeconfig,
+                    "KUBEVIRT_DEMO_PORT": str(self.port), "KUBEVIRT_DEMO_HUB_PORT": str(self.hub_port),
+                    "CONFIGPROXY_API_URL": f"http://127.0.0.1:{self.proxy_api_port}",
+                    "CONFIGPROXY_AUTH_TOKEN": self.proxy_token, "KUBEVIRT_DEMO_ADMIN_TOKEN": self.admin_token,
+                    "KUBEVIRT_DEMO_EXTRA_CONFIG": self.extra_config or ""})
+        return env
+
+    @classmethod
+    def create(cls, state_dir: Path, kubeconfig: str, port: int = 0, extra_config: str | None = None):
+        """Ports and tokens; the tokens are kept in the state directory so they survive restarts."""
+        state_dir.mkdir(parents=True, exist_ok=True)
+        secrets_file = state_dir / "demo-secrets.json"
+        if secrets_file.exists():
+            saved = json.loads(secrets_file.read_text())
+        else:
+            saved = {"proxy_token": secrets.token_hex(32), "admin_token": secrets.token_hex(32)}
+            secrets_file.write_text(json.dumps(saved))
+            secrets_file.chmod(0o600)
+        return cls(state_dir, kubeconfig, port or free_port(), free_port(), free_port(), saved["proxy_token"],
+                   saved["admin_token"], extra_config)
+
+
+def start_proxy(settings: HubSettings, log_path: Path) -> subprocess.Popen:
+    cmd = [find_proxy(), "--ip", "127.0.0.1", "--port", str(settings.port), "--api-ip", "127.0.0.1",
+           "--api-port", str(settings.proxy_api_port),
+           "--error-target", f"http://127.0.0.1:{settings.hub_port}/hub/error"]
+    log = open(log_path, "ab")
+    proc = subprocess.Popen(cmd, env=settings.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    log.close()
+    wait_http(f"http://127.0.0.1:{settings.proxy_api_port}/api/routes", 30, proc, "proxy")
+    return proc
+
+
+def start_hub(settings: HubSettings, log_path: Path, config: Path = LOCAL_CONFIG) -> subprocess.Popen:
+    if not config.exists():
+        raise DemoError(f"the local hub config {config} is missing: run the demo from a source checkout")
+    hub_dir = settings.state_dir / "hub"
+    hub_dir.mkdir(parents=True, exist_ok=True)
+    log = open(log_path, "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "jupyterhub", "-f", str(config)], cwd=hub_dir,
+                            env=settings.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    log.close()
+    wait_http(f"{settings.url}/hub/api/", 90, proc, f"hub (log: {log_path})")
+    return proc
+
+
+def stop_process(proc: subprocess.Popen | None, timeout: float = 15.0):
+    """SIGTERM, then SIGKILL when it does not exit in time."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def run(state_dir: str, port: int = 8000, speed: float = 5.0) -> int:
+    """`kubevirt-spawner demo`: run everything until Ctrl-C, then stop everything it started."""
+    from .sim import SimulatorThread  # the demo is the only place outside tests that embeds the simulator
+
+    state = Path(state_dir).resolve()
+    state.mkdir(parents=True, exist_ok=True)
+    logs = state / "logs"
+    logs.mkdir(exist_ok=True)
+    sim = proxy = hub = None
+    stop = {"now": False}
+
+    def interrupt(signum, frame):
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        sim = SimulatorThread(str(state / "cluster"), speed=speed).start()
+        settings = HubSettings.create(state, sim.kubeconfig, port)
+        proxy = start_proxy(settings, logs / "proxy.log")
+        hub = start_hub(settings, logs / "hub.log")
+        info = {"url": settings.url, "admin_token": settings.admin_token, "kubeconfig": sim.kubeconfig,
+                "password": DEMO_PASSWORD, "simulator": sim.url, "logs": str(logs)}
+        (state / "demo.json").write_text(json.dumps(info, indent=2))
+        print(f"\nkubevirt-spawner demo is running: {settings.url}\n"
+              f"  log in with any user name and the password '{DEMO_PASSWORD}' (user 'admin' is a hub admin)\n"
+              f"  kubectl --kubeconfig {sim.kubeconfig} get vm,vmi,dv,pvc -A\n"
+              f"  details: {state / 'demo.json'}; logs: {logs}\n"
+              f"  Ctrl-C stops everything.\n", flush=True)
+        while not stop["now"]:
+            for what, proc in (("hub", hub), ("proxy", proxy)):
+                if proc.poll() is not None:
+                    print(f"the {what} exited (code {proc.returncode}); see {logs}", file=sys.stderr)
+                    return 1
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    except DemoError as exc:
+        print(f"kubevirt-spawner demo: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        print("stopping the demo ...", flush=True)
+        stop_process(hub)
+        stop_process(proxy)
+        if sim is not None:
+            sim.stop()
+    return 0

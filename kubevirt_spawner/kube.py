@@ -1,0 +1,245 @@
+"""The only module that talks to the API server.
+
+It uses the official `kubernetes` client for configuration, authentication and transport, and
+exchanges plain JSON objects (dicts) so that KubeVirt and CDI kinds and core kinds are handled
+the same way. Blocking calls run in a thread pool, never on the event loop. Requests are retried
+with backoff on 429, 5xx and connection errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Iterator
+from urllib.parse import quote, urlencode
+
+import urllib3
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Kind:
+    kind: str
+    group: str  # "" for the core group
+    version: str
+    plural: str
+    namespaced: bool = True
+
+    def path(self, namespace: str | None = None, name: str | None = None, subresource: str | None = None) -> str:
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        parts = [base]
+        if self.namespaced and namespace:
+            parts.append(f"namespaces/{quote(namespace, safe='')}")
+        parts.append(self.plural)
+        if name:
+            parts.append(quote(name, safe=""))
+        if subresource:
+            parts.append(subresource)
+        return "/".join(parts)
+
+
+NAMESPACE = Kind("Namespace", "", "v1", "namespaces", namespaced=False)
+SECRET = Kind("Secret", "", "v1", "secrets")
+SERVICE = Kind("Service", "", "v1", "services")
+PVC = Kind("PersistentVolumeClaim", "", "v1", "persistentvolumeclaims")
+EVENT = Kind("Event", "", "v1", "events")
+NODE = Kind("Node", "", "v1", "nodes", namespaced=False)
+VM = Kind("VirtualMachine", "kubevirt.io", "v1", "virtualmachines")
+VMI = Kind("VirtualMachineInstance", "kubevirt.io", "v1", "virtualmachineinstances")
+DV = Kind("DataVolume", "cdi.kubevirt.io", "v1beta1", "datavolumes")
+VM_SUBRESOURCES = Kind("VirtualMachine", "subresources.kubevirt.io", "v1", "virtualmachines")
+
+RETRY_STATUS = {429, 500, 502, 503, 504}
+
+
+class KubeError(Exception):
+    """A request the API server refused (or that never got an answer)."""
+
+    def __init__(self, status: int, reason: str, message: str, body: dict | None = None):
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+        self.body = body or {}
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+
+def _error_from(status: int, data: bytes, fallback: str = "") -> KubeError:
+    text = (data or b"").decode("utf-8", "replace")
+    try:
+        body = json.loads(text)
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and body.get("kind") == "Status":
+        return KubeError(status, body.get("reason", ""), body.get("message", text), body)
+    return KubeError(status, fallback, text.strip() or fallback)
+
+
+def load_api_client(kubeconfig: str | None = None, context: str | None = None) -> client.ApiClient:
+    """In-cluster credentials when running in a pod without a kubeconfig, else the kubeconfig."""
+    cfg = client.Configuration()
+    if kubeconfig is None:
+        try:
+            config.load_incluster_config(client_configuration=cfg)
+            return client.ApiClient(cfg)
+        except config.ConfigException:
+            pass
+    config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
+    return client.ApiClient(cfg)
+
+
+class Kube:
+    def __init__(self, api_client: client.ApiClient, request_timeout: float = 30.0, retry_timeout: float = 60.0,
+                 max_workers: int = 16):
+        self.api = api_client
+        self.request_timeout = request_timeout
+        self.retry_timeout = retry_timeout
+        self.executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="kube")
+        self._closed = threading.Event()
+
+    # ------------------------------------------------------------ blocking core
+    def _send(self, method: str, path: str, query: dict | None, body, content_type: str | None,
+              timeout, stream: bool = False):
+        url = path + ("?" + urlencode(query) if query else "")
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type or "application/json"
+        method_, url_, headers_, body_, post = self.api.param_serialize(
+            method, url, header_params=headers, body=body, auth_settings=["BearerToken"])
+        resp = self.api.call_api(method_, url_, header_params=headers_, body=body_, post_params=post,
+                                 _request_timeout=timeout)
+        if stream:
+            return resp.response
+        resp.read()
+        return resp
+
+    def request(self, method: str, path: str, query: dict | None = None, body=None,
+                content_type: str | None = None) -> dict | None:
+        """One API call with retries on 429/5xx/connection errors; the answer's JSON or None."""
+        deadline = time.monotonic() + self.retry_timeout
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                resp = self._send(method, path, query, body, content_type, self.request_timeout)
+                status, data = resp.status, resp.data
+                if status < 400:
+                    if not data:
+                        return None
+                    try:
+                        return json.loads(data)
+                    except ValueError:
+                        return None
+                err = _error_from(status, data, resp.reason or "")
+            except ApiException as exc:
+                err = _error_from(exc.status or 0, (exc.body or "").encode() if isinstance(exc.body, str)
+                                  else exc.body or b"", exc.reason or "")
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                err = KubeError(0, "ConnectionError", f"cannot reach the API server: {exc}")
+            if err.status not in RETRY_STATUS and err.status != 0:
+                raise err
+            delay = min(0.2 * 2 ** (attempt - 1), 5.0) * (0.5 + random.random() / 2)
+            if time.monotonic() + delay > deadline or self._closed.is_set():
+                raise err
+            log.info("%s %s failed (%s); retry %d in %.1fs", method, path, err, attempt, delay)
+            time.sleep(delay)
+
+    def stream_lines(self, path: str, query: dict, timeout) -> Iterator[dict]:
+        """A watch: one decoded event per line. Errors surface as KubeError."""
+        try:
+            raw = self._send("GET", path, query, None, None, timeout, stream=True)
+        except ApiException as exc:
+            raise _error_from(exc.status or 0, (exc.body or "").encode() if isinstance(exc.body, str)
+                              else exc.body or b"", exc.reason or "") from None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise KubeError(0, "ConnectionError", f"cannot reach the API server: {exc}") from None
+        try:
+            if raw.status >= 400:
+                raise _error_from(raw.status, raw.read(), raw.reason or "")
+            buffer = b""
+            for chunk in raw.stream(amt=None, decode_content=False):
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    if line.strip():
+                        yield json.loads(line)
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise KubeError(0, "ConnectionError", f"watch stream broke: {exc}") from None
+        finally:
+            raw.release_conn()
+
+    # ------------------------------------------------------------ async API
+    async def call(self, method: str, path: str, query: dict | None = None, body=None,
+                   content_type: str | None = None):
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, self.request, method, path, query, body, content_type)
+
+    async def get(self, kind: Kind, namespace: str | None, name: str) -> dict | None:
+        """The object, or None when it does not exist."""
+        try:
+            return await self.call("GET", kind.path(namespace, name))
+        except KubeError as err:
+            if err.not_found:
+                return None
+            raise
+
+    async def list(self, kind: Kind, namespace: str | None = None, label_selector: str | None = None) -> dict:
+        query = {"labelSelector": label_selector} if label_selector else None
+        return await self.call("GET", kind.path(namespace), query)
+
+    async def create(self, kind: Kind, obj: dict) -> dict:
+        return await self.call("POST", kind.path(obj["metadata"].get("namespace")), None, obj)
+
+    async def create_or_get(self, kind: Kind, obj: dict) -> tuple[dict, bool]:
+        """Create the object; when it exists already, return the existing one. (object, created)"""
+        try:
+            return await self.create(kind, obj), True
+        except KubeError as err:
+            if err.status != 409 or err.reason != "AlreadyExists":
+                raise
+        meta = obj["metadata"]
+        existing = await self.get(kind, meta.get("namespace"), meta["name"])
+        if existing is None:  # deleted in between: try once more
+            return await self.create(kind, obj), True
+        return existing, False
+
+    async def replace(self, kind: Kind, obj: dict) -> dict:
+        meta = obj["metadata"]
+        return await self.call("PUT", kind.path(meta.get("namespace"), meta["name"]), None, obj)
+
+    async def patch(self, kind: Kind, namespace: str | None, name: str, patch: dict) -> dict:
+        return await self.call("PATCH", kind.path(namespace, name), None, patch, "application/merge-patch+json")
+
+    async def delete(self, kind: Kind, namespace: str | None, name: str) -> bool:
+        """Delete; False when it was already gone."""
+        try:
+            await self.call("DELETE", kind.path(namespace, name), None, {"propagationPolicy": "Background"})
+            return True
+        except KubeError as err:
+            if err.not_found:
+                return False
+            raise
+
+    async def vm_action(self, namespace: str, name: str, action: str, body: dict | None = None):
+        """KubeVirt's start/stop/restart subresource calls (PUT, answered with 202)."""
+        await self.call("PUT", VM_SUBRESOURCES.path(namespace, name, action), None, body or {})
+
+    def close(self):
+        self._closed.set()
+        self.executor.shutdown(wait=False, cancel_futures=True)

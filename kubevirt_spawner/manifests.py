@@ -1,0 +1,234 @@
+"""Pure functions that build the Kubernetes objects of one workstation. No I/O.
+
+Every object carries the labels that find it again after a hub restart (`LABEL_WORKSTATION`) and
+the raw user and server names as annotations.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from dataclasses import dataclass, field
+
+import yaml
+
+MANAGED_BY = "kubevirt-spawner"
+LABEL_PREFIX = "kubevirt-spawner.io/"
+LABEL_WORKSTATION = LABEL_PREFIX + "workstation"
+LABEL_USER = LABEL_PREFIX + "user"
+LABEL_SERVER = LABEL_PREFIX + "server"
+LABEL_COMPONENT = LABEL_PREFIX + "component"
+LABEL_RETAINED = LABEL_PREFIX + "retained"
+ANNOTATION_USERNAME = LABEL_PREFIX + "username"
+ANNOTATION_SERVERNAME = LABEL_PREFIX + "servername"
+ANNOTATION_PROFILE = LABEL_PREFIX + "profile"
+ANNOTATION_PROFILE_VERSION = LABEL_PREFIX + "profile-version"
+ANNOTATION_RETAIN_UNTIL = LABEL_PREFIX + "retain-until"
+
+JUPYTER_PORT = 8888
+ENV_DISK_SERIAL = "hubenv"
+ARGS_KEY = "args.json"
+USERDATA_KEY = "userdata"
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a workstation belongs to and the names of its objects (fixed once created)."""
+    user: str
+    server: str
+    slug: str
+    user_slug: str
+    server_slug: str
+    namespace: str
+    vm: str
+    rootdisk: str
+    workspace: str
+    secret: str
+    service: str
+
+    def to_state(self) -> dict:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_state(cls, state: dict) -> "Identity":
+        return cls(**{k: state[k] for k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class MachineSpec:
+    """What the machine looks like: compute, devices, placement and disks (from the profile)."""
+    cpu: str = "2"
+    memory: str = "4Gi"
+    cpu_limit: str | None = None
+    memory_limit: str | None = None
+    memory_guest: str | None = None
+    gpus: tuple[tuple[str, int], ...] = ()
+    node_selector: dict = field(default_factory=dict)
+    tolerations: tuple = ()
+    affinity: dict | None = None
+    golden_image: str = "vm-images/ubuntu-24-04-cuda-golden"
+    root_disk_size: str = "60Gi"
+    storage_class: str = "ceph-rbd"
+    workspace_disk_size: str | None = None
+    termination_grace_period: int = 120
+    ports: tuple[tuple[str, int], ...] = (("ssh", 22), ("code-server", 8080), ("jupyterlab", JUPYTER_PORT))
+    profile: str = ""
+    profile_version: str = ""
+    extra_labels: dict = field(default_factory=dict)
+    extra_annotations: dict = field(default_factory=dict)
+
+    @property
+    def golden_namespace(self) -> str:
+        return self.golden_image.split("/", 1)[0]
+
+    @property
+    def golden_name(self) -> str:
+        return self.golden_image.split("/", 1)[1]
+
+
+def vmi_selector(ident: Identity) -> dict:
+    """Labels that pick out the running machine (the VMI and its virt-launcher pod) only."""
+    return {LABEL_WORKSTATION: ident.slug, LABEL_COMPONENT: "workstation"}
+
+
+def labels(ident: Identity, component: str, spec: MachineSpec | None = None) -> dict:
+    out = dict(spec.extra_labels) if spec else {}
+    out.update({"app.kubernetes.io/managed-by": MANAGED_BY, "app.kubernetes.io/component": component,
+                LABEL_WORKSTATION: ident.slug, LABEL_USER: ident.user_slug, LABEL_COMPONENT: component})
+    if ident.server_slug:
+        out[LABEL_SERVER] = ident.server_slug
+    return out
+
+
+def annotations(ident: Identity, spec: MachineSpec | None = None) -> dict:
+    out = dict(spec.extra_annotations) if spec else {}
+    out[ANNOTATION_USERNAME] = ident.user
+    if ident.server:
+        out[ANNOTATION_SERVERNAME] = ident.server
+    return out
+
+
+def _meta(ident: Identity, name: str, component: str, spec: MachineSpec | None = None, **extra) -> dict:
+    return {"name": name, "namespace": ident.namespace, "labels": labels(ident, component, spec),
+            "annotations": {**annotations(ident, spec), **extra}}
+
+
+def namespace(ident: Identity) -> dict:
+    return {"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": ident.namespace,
+                         "labels": {"app.kubernetes.io/managed-by": MANAGED_BY, LABEL_USER: ident.user_slug},
+                         "annotations": {ANNOTATION_USERNAME: ident.user}}}
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode("utf-8")).decode("ascii")
+
+
+def user_data(ident: Identity) -> str:
+    """cloud-init user data: hostname and the guest agent. The golden image's systemd unit mounts
+    the env disk (serial `hubenv`) and runs jupyterhub-singleuser with it at every boot."""
+    config = {"hostname": ident.vm, "packages": ["qemu-guest-agent"],
+              "runcmd": [["systemctl", "enable", "--now", "qemu-guest-agent"]]}
+    return "#cloud-config\n" + yaml.safe_dump(config, sort_keys=False)
+
+
+def env_secret(ident: Identity, env: dict[str, str], args: list[str]) -> dict:
+    """The Secret the VM mounts as a disk: one key per environment variable, the extra Jupyter
+    arguments as JSON, and the cloud-init user data. It is rewritten before every start."""
+    bad = sorted(k for k in env if not _ENV_NAME.match(k))
+    if bad:
+        raise ValueError(f"environment variable names must be letters, digits and _: {', '.join(bad)}")
+    data = {k: _b64(str(v)) for k, v in env.items()}
+    data[ARGS_KEY] = _b64(json.dumps(list(args)))
+    data[USERDATA_KEY] = _b64(user_data(ident))
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": _meta(ident, ident.secret, "env"), "data": data}
+
+
+def _datavolume(ident: Identity, name: str, component: str, spec: MachineSpec, source: dict, size: str) -> dict:
+    return {"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+            "metadata": _meta(ident, name, component, spec),
+            "spec": {"source": source,
+                     "storage": {"storageClassName": spec.storage_class, "accessModes": ["ReadWriteOnce"],
+                                 "volumeMode": "Block", "resources": {"requests": {"storage": size}}}}}
+
+
+def root_datavolume(ident: Identity, spec: MachineSpec) -> dict:
+    """The root disk: a standalone DataVolume cloned from the golden image PVC."""
+    source = {"pvc": {"namespace": spec.golden_namespace, "name": spec.golden_name}}
+    return _datavolume(ident, ident.rootdisk, "rootdisk", spec, source, spec.root_disk_size)
+
+
+def workspace_datavolume(ident: Identity, spec: MachineSpec) -> dict:
+    """The optional workspace disk: blank, and kept when the system is reset."""
+    return _datavolume(ident, ident.workspace, "workspace", spec, {"blank": {}}, spec.workspace_disk_size)
+
+
+NETWORK_DATA = "version: 2\nethernets:\n  enp1s0:\n    dhcp4: true\n    dhcp6: false\n"
+
+
+def virtual_machine(ident: Identity, spec: MachineSpec) -> dict:
+    requests = {"cpu": spec.cpu, "memory": spec.memory}
+    resources: dict = {"requests": requests}
+    limits = {k: v for k, v in (("cpu", spec.cpu_limit), ("memory", spec.memory_limit)) if v}
+    if limits:
+        resources["limits"] = limits
+    disks = [{"name": "rootdisk", "bootOrder": 1, "disk": {"bus": "virtio"}}]
+    volumes = [{"name": "rootdisk", "persistentVolumeClaim": {"claimName": ident.rootdisk}}]
+    if spec.workspace_disk_size:
+        disks.append({"name": "workspace", "disk": {"bus": "virtio"}})
+        volumes.append({"name": "workspace", "persistentVolumeClaim": {"claimName": ident.workspace}})
+    disks += [{"name": "cloudinit", "disk": {"bus": "virtio"}},
+              {"name": ENV_DISK_SERIAL, "serial": ENV_DISK_SERIAL, "disk": {"bus": "virtio"}}]
+    volumes += [{"name": "cloudinit", "cloudInitNoCloud": {"networkData": NETWORK_DATA,
+                                                           "secretRef": {"name": ident.secret}}},
+                {"name": ENV_DISK_SERIAL, "secret": {"secretName": ident.secret}}]
+    gpus = []
+    for device, count in spec.gpus:
+        for _ in range(count):
+            gpus.append({"name": f"gpu{len(gpus)}", "deviceName": device})
+    devices = {"autoattachGraphicsDevice": False, "disks": disks,
+               "interfaces": [{"name": "default", "masquerade": {},
+                               "ports": [{"name": n, "port": p} for n, p in spec.ports]}]}
+    if gpus:
+        devices["gpus"] = gpus
+    template_spec: dict = {
+        "terminationGracePeriodSeconds": spec.termination_grace_period,
+        "domain": {"memory": {"guest": spec.memory_guest or spec.memory}, "resources": resources,
+                   "devices": devices},
+        "networks": [{"name": "default", "pod": {}}],
+        "volumes": volumes,
+    }
+    if spec.node_selector:
+        template_spec["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations:
+        template_spec["tolerations"] = [dict(t) for t in spec.tolerations]
+    if spec.affinity:
+        template_spec["affinity"] = spec.affinity
+    profile = {ANNOTATION_PROFILE: spec.profile, ANNOTATION_PROFILE_VERSION: spec.profile_version}
+    return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+            "metadata": _meta(ident, ident.vm, "workstation", spec, **profile),
+            "spec": {"runStrategy": "Halted",
+                     "template": {"metadata": {"labels": labels(ident, "workstation", spec),
+                                               "annotations": annotations(ident, spec)},
+                                  "spec": template_spec}}}
+
+
+def service(ident: Identity, spec: MachineSpec) -> dict:
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": _meta(ident, ident.service, "notebook", spec),
+            "spec": {"type": "ClusterIP", "selector": vmi_selector(ident),
+                     "ports": [{"name": n, "port": p, "targetPort": p, "protocol": "TCP"} for n, p in spec.ports]}}
+
+
+def retained_patch(retain_until: str) -> dict:
+    """Merge patch that marks a disk as kept after its workstation was deleted."""
+    return {"metadata": {"labels": {LABEL_RETAINED: "true"},
+                         "annotations": {ANNOTATION_RETAIN_UNTIL: retain_until}}}
+
+
+def unretained_patch() -> dict:
+    """Merge patch that removes the retained marks from a disk that is in use again."""
+    return {"metadata": {"labels": {LABEL_RETAINED: None}, "annotations": {ANNOTATION_RETAIN_UNTIL: None}}}

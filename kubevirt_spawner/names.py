@@ -1,0 +1,83 @@
+"""JupyterHub user and server names to collision-free Kubernetes names and label values.
+
+A name that is already a safe slug stays as it is. Anything else becomes a sanitised stem, `---`
+and a hash of the raw name. Safe slugs never contain `--`, so:
+- a slug with `---` is always a hashed one (no raw name can produce it unchanged);
+- `user--server` joins two slugs unambiguously (a run of exactly two dashes is the separator).
+Different raw names therefore never give the same slug (short of a hash collision).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+# A DNS-1035 label (also a DNS-1123 label and a label value) without `--`: it starts with a
+# letter so every object name built from it (Services included) is valid.
+_SAFE = re.compile(r"^[a-z](?:[a-z0-9]|-(?!-))*(?<!-)$")
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+HASH_LENGTH = 8
+USER_SLUG_MAX = 30
+SERVER_SLUG_MAX = 20
+WORKSTATION_SLUG_MAX = 40
+
+
+def _hash(*parts: str) -> str:
+    # \x00 cannot occur in a user or server name, so ("a", "b") and ("a\x00b",) hash differently.
+    return hashlib.sha256("\x00".join(parts).encode("utf-8")).hexdigest()[:HASH_LENGTH]
+
+
+def _stem(raw: str, max_length: int) -> str:
+    stem = re.sub(r"[^a-z0-9]+", "-", raw.lower()).strip("-")
+    if not stem or not stem[0].isalpha():
+        stem = "x-" + stem if stem else "x"
+    return stem[:max_length].rstrip("-")
+
+
+def is_safe_slug(name: str, max_length: int = 63) -> bool:
+    return 0 < len(name) <= max_length and bool(_SAFE.match(name))
+
+
+def safe_slug(raw: str, max_length: int = USER_SLUG_MAX) -> str:
+    """`raw` itself when it is a safe slug no longer than `max_length`, else `stem---hash`."""
+    if is_safe_slug(raw, max_length):
+        return raw
+    return f"{_stem(raw, max_length - HASH_LENGTH - 3)}---{_hash(raw)}"
+
+
+def workstation_slug(user: str, server: str = "") -> str:
+    """`alice` for a default server, `alice--gpu` for the named server `gpu`."""
+    user_slug = safe_slug(user, USER_SLUG_MAX)
+    if not server:
+        return user_slug
+    joined = f"{user_slug}--{safe_slug(server, SERVER_SLUG_MAX)}"
+    if len(joined) <= WORKSTATION_SLUG_MAX:
+        return joined
+    # Too long to join: one hash over both raw names keeps object names within 63 characters.
+    return f"{_stem(user, WORKSTATION_SLUG_MAX - HASH_LENGTH - 3)}---{_hash(user, server)}"
+
+
+def is_dns1123_label(name: str) -> bool:
+    return len(name) <= 63 and bool(_DNS1123_LABEL.match(name))
+
+
+def is_dns1035_label(name: str) -> bool:
+    return len(name) <= 63 and bool(_DNS1035_LABEL.match(name))
+
+
+def render(template: str, what: str, *, service: bool = False, **fields: str) -> str:
+    """Fill a name template such as `{user_server}-rootdisk` and check the result is a valid
+    object name; a template that cannot give one is a configuration error naming the setting."""
+    try:
+        name = template.format(**fields)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ValueError(f"{what} = {template!r} is not a valid name template: unknown field {exc}; "
+                         f"use {', '.join('{' + k + '}' for k in sorted(fields))}") from None
+    check = is_dns1035_label if service else is_dns1123_label
+    if not check(name):
+        kind = "DNS-1035 label (a letter first)" if service else "DNS-1123 label"
+        raise ValueError(f"{what} = {template!r} gives {name!r}, which is not a valid {kind} of at most "
+                         f"63 characters")
+    return name

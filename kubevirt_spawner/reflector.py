@@ -1,0 +1,209 @@
+"""Shared watch-based caches of the objects the spawner waits on.
+
+Each `Reflector` lists one kind once, then follows a watch from that resourceVersion, in its own
+thread; a 410 Gone or a broken stream starts over with a fresh list. Changes are applied on the
+event loop thread, so readers never see a half-applied update and need no locks. `Caches` groups
+the reflectors and wakes every waiter on any change: `poll()` and progress read from here and
+make no API requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import threading
+import time
+from typing import Callable, TypeVar
+
+from . import kube as k
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+WATCHED_EVENT_KINDS = {"VirtualMachine", "VirtualMachineInstance", "DataVolume", "PersistentVolumeClaim"}
+
+
+def _key(obj: dict) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return meta.get("namespace") or "", meta.get("name") or ""
+
+
+class Reflector:
+    def __init__(self, kube: k.Kube, kind: k.Kind, on_change: Callable[[], None], namespace: str | None = None,
+                 label_selector: str | None = None, keep: Callable[[dict], bool] | None = None):
+        self.kube, self.kind, self.namespace = kube, kind, namespace
+        self.label_selector = label_selector
+        self.keep = keep or (lambda obj: True)
+        self.objects: dict[tuple[str, str], dict] = {}
+        self.synced = False
+        self._on_change = on_change
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._thread = threading.Thread(target=self._run, name=f"reflector-{self.kind.plural}", daemon=True)
+        self._thread.start()
+
+    def stop(self):
+        self._stopping.set()
+
+    def get(self, namespace: str, name: str) -> dict | None:
+        return self.objects.get((namespace, name))
+
+    def values(self):
+        return self.objects.values()
+
+    # ------------------------------------------------ on the event loop
+    def _replace_all(self, items: list[dict]):
+        self.objects = {_key(o): o for o in items if self.keep(o)}
+        self.synced = True
+        self._on_change()
+
+    def _apply(self, event_type: str, obj: dict):
+        key = _key(obj)
+        if event_type == "DELETED" or not self.keep(obj):
+            self.objects.pop(key, None)
+        else:
+            self.objects[key] = obj
+        self._on_change()
+
+    def _post(self, fn, *args):
+        if self._loop is not None and not self._loop.is_closed():
+            try:
+                self._loop.call_soon_threadsafe(fn, *args)
+            except RuntimeError:  # the loop closed between the check and the call
+                self._stopping.set()
+
+    # ------------------------------------------------ in the thread
+    def _query(self) -> dict:
+        return {"labelSelector": self.label_selector} if self.label_selector else {}
+
+    def _run(self):
+        failures = 0
+        while not self._stopping.is_set():
+            try:
+                listing = self.kube.request("GET", self.kind.path(self.namespace), self._query() or None)
+                version = listing["metadata"].get("resourceVersion", "")
+                self._post(self._replace_all, listing.get("items") or [])
+                failures = 0
+                self._follow(version)
+            except k.KubeError as err:
+                failures += 1
+                delay = min(0.5 * 2 ** min(failures, 6), 30.0) * (0.5 + random.random() / 2)
+                level = logging.DEBUG if err.status == 410 else logging.WARNING
+                log.log(level, "watch of %s restarting in %.1fs: %s", self.kind.plural, delay, err)
+                if err.status == 410:
+                    delay = 0
+                self._stopping.wait(delay)
+            except Exception:  # never let the cache die silently
+                log.exception("watch of %s failed", self.kind.plural)
+                self._stopping.wait(5)
+
+    def _follow(self, version: str):
+        """Follow the watch until the server ends it; raise KubeError when it must restart."""
+        while not self._stopping.is_set():
+            query = {**self._query(), "watch": "1", "resourceVersion": version,
+                     "timeoutSeconds": str(random.randint(240, 360))}
+            for event in self.kube.stream_lines(self.kind.path(self.namespace), query, (10, 400)):
+                if self._stopping.is_set():
+                    return
+                obj = event.get("object") or {}
+                if event.get("type") == "ERROR":
+                    raise k.KubeError(obj.get("code", 500), obj.get("reason", ""), obj.get("message", ""))
+                if event.get("type") == "BOOKMARK":
+                    version = obj["metadata"]["resourceVersion"]
+                    continue
+                version = (obj.get("metadata") or {}).get("resourceVersion", version)
+                self._post(self._apply, event["type"], obj)
+
+
+class Caches:
+    """The reflectors one hub shares between all its spawners."""
+
+    def __init__(self, kube: k.Kube, label_selector: str, namespace: str | None = None, events: bool = True):
+        self.kube = kube
+        self._changed: asyncio.Event | None = None
+        sel = label_selector
+
+        def watched_event(ev: dict) -> bool:
+            return (ev.get("involvedObject") or {}).get("kind") in WATCHED_EVENT_KINDS
+
+        self.vms = Reflector(kube, k.VM, self._notify, namespace, sel)
+        self.vmis = Reflector(kube, k.VMI, self._notify, namespace, sel)
+        self.dvs = Reflector(kube, k.DV, self._notify, namespace, sel)
+        self.pvcs = Reflector(kube, k.PVC, self._notify, namespace, sel)
+        self.services = Reflector(kube, k.SERVICE, self._notify, namespace, sel)
+        self.reflectors = [self.vms, self.vmis, self.dvs, self.pvcs, self.services]
+        self.events = None
+        if events:
+            self.events = Reflector(kube, k.EVENT, self._notify, namespace, None, keep=watched_event)
+            self.reflectors.append(self.events)
+        self.started = False
+
+    def start(self):
+        if self.started:
+            return
+        loop = asyncio.get_running_loop()
+        self._changed = asyncio.Event()
+        for r in self.reflectors:
+            r.start(loop)
+        self.started = True
+
+    def stop(self):
+        for r in self.reflectors:
+            r.stop()
+
+    @property
+    def synced(self) -> bool:
+        return all(r.synced for r in self.reflectors)
+
+    def notify(self):
+        """Wake every waiter to re-check (for changes that are not in the cluster)."""
+        self._notify()
+
+    def _notify(self):
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = asyncio.Event()
+
+    async def wait_for(self, predicate: Callable[[], T], timeout: float | None = None) -> T:
+        """Wait until `predicate()` returns something truthy, re-checking on every cache change."""
+        self.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            result = predicate()
+            if result:
+                return result
+            changed = self._changed
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise asyncio.TimeoutError()
+            try:
+                await asyncio.wait_for(changed.wait(), remaining)
+            except asyncio.TimeoutError:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+
+    async def next_change(self, timeout: float = 30.0):
+        """Return after the next change (or `notify()`), or after `timeout` seconds."""
+        self.start()
+        try:
+            await asyncio.wait_for(self._changed.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+
+    async def wait_synced(self, timeout: float | None = None):
+        await self.wait_for(lambda: self.synced, timeout)
+
+    def events_for(self, namespace: str, names: set[str]) -> list[dict]:
+        """Cluster Events about the given objects, oldest first."""
+        if self.events is None:
+            return []
+        out = [e for e in self.events.values()
+               if (e.get("metadata") or {}).get("namespace") == namespace
+               and (e.get("involvedObject") or {}).get("name") in names]
+        return sorted(out, key=lambda e: (e.get("lastTimestamp") or e.get("eventTime") or "",
+                                          int((e.get("metadata") or {}).get("resourceVersion") or 0)))

@@ -1,0 +1,396 @@
+"""KubeVirtSpawner: JupyterHub's Spawner API on top of `workstation.py`.
+
+Configuration (traitlets) and the JupyterHub hooks only; the lifecycle lives in `Workstation`.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timezone
+
+from jupyterhub.spawner import Spawner
+from jupyterhub.traitlets import ByteSpecification
+from traitlets import Bool, Dict, Enum, Float, Integer, List, Unicode, Union, Callable, default, validate
+from traitlets import TraitError
+
+from . import kube as k
+from . import manifests as m
+from . import names
+from . import profiles as prof
+from .reflector import Caches
+from .workstation import CloneGate, Settings, Workstation, WorkstationError, parse_quantity
+
+# Hub-wide shared state: one API client, one set of caches and one clone gate per cluster.
+_shared: dict[tuple, dict] = {}
+
+
+class SpawnError(RuntimeError):
+    """A failure whose text JupyterHub shows the user as it is."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.jupyterhub_message = message
+
+
+def memory_quantity(n: int) -> str:
+    for unit, size in (("Gi", 2 ** 30), ("Mi", 2 ** 20), ("Ki", 2 ** 10)):
+        if n % size == 0:
+            return f"{n // size}{unit}"
+    return str(int(n))
+
+
+def cpu_quantity(cpu: float) -> str:
+    return str(int(cpu)) if float(cpu).is_integer() else f"{int(round(cpu * 1000))}m"
+
+
+class KubeVirtSpawner(Spawner):
+    """Gives each user (each named server) a persistent KubeVirt VM whose root disk is an RBD volume."""
+
+    # ---------------------------------------------------------------- cluster access
+    kubeconfig = Unicode(None, allow_none=True, config=True, help="""
+        Path of a kubeconfig file. Unset: in-cluster credentials when the hub runs in a pod,
+        else the default kubeconfig (~/.kube/config or $KUBECONFIG).""")
+    kube_context = Unicode(None, allow_none=True, config=True, help="kubeconfig context to use (default: current).")
+    k8s_api_request_timeout = Float(30.0, config=True, help="Seconds one Kubernetes API request may take.")
+    k8s_api_retry_timeout = Float(60.0, config=True, help="""
+        Seconds a request is retried (with backoff) on 429, 5xx and connection errors before it fails.""")
+    events_enabled = Bool(True, config=True, help="""
+        Show the cluster's Events about the workstation (FailedScheduling and the like) in the progress
+        stream. Needs permission to watch Events.""")
+
+    # ---------------------------------------------------------------- names
+    namespace_template = Unicode("notebook-{user}", config=True, help="""
+        Namespace of each workstation. Fields: {user}, {server}, {user_server}. A template without
+        fields gives one shared namespace.""")
+    vm_name_template = Unicode("{user_server}-workstation", config=True, help="VirtualMachine name template.")
+    rootdisk_name_template = Unicode("{user_server}-rootdisk", config=True, help="Root disk DataVolume/PVC name.")
+    workspace_name_template = Unicode("{user_server}-workspace", config=True, help="Workspace disk name.")
+    secret_name_template = Unicode("{user_server}-hub-env", config=True, help="Name of the env Secret.")
+    service_name_template = Unicode("{user_server}-notebook", config=True, help="Service name (a letter first).")
+
+    # ---------------------------------------------------------------- the machine
+    golden_image = Unicode("vm-images/ubuntu-24-04-cuda-golden", config=True, help="""
+        The golden image PVC every root disk is cloned from, as namespace/name.""")
+    root_disk_size = Unicode("60Gi", config=True, help="Root disk size (a Kubernetes quantity, e.g. 150Gi).")
+    storage_class = Unicode("ceph-rbd", config=True, help="StorageClass of the disks (RBD, volumeMode Block).")
+    workspace_disk_size = Unicode("", config=True, help="""
+        Size of an extra workspace disk that survives a system reset; empty for none.""")
+    memory_guest = ByteSpecification(None, allow_none=True, config=True, help="""
+        Memory the guest sees (spec.domain.memory.guest). Default: mem_limit, else mem_guarantee.""")
+    gpus = Dict(value_trait=Integer(), config=True, help="""
+        GPUs to pass through, as {deviceName: count}, e.g. {"nvidia.com/A100-PCIE-40GB": 1}.""")
+    node_selector = Dict(config=True, help="nodeSelector of the VM.")
+    tolerations = List(Dict(), config=True, help="Tolerations of the VM.")
+    affinity = Dict(config=True, help="Affinity of the VM (the Kubernetes Affinity object).")
+    termination_grace_period = Integer(120, config=True, help="""
+        Seconds the guest gets to shut down cleanly on a graceful stop before it is powered off.""")
+    ports = Dict(value_trait=Integer(), default_value={"ssh": 22, "code-server": 8080, "jupyterlab": m.JUPYTER_PORT},
+                 config=True, help="Ports the VM's interface and the Service expose, as {name: port}; 8888 is Jupyter.")
+    extra_labels = Dict(config=True, help="Extra labels on every object of a workstation.")
+    extra_annotations = Dict(config=True, help="Extra annotations on every object of a workstation.")
+
+    # ---------------------------------------------------------------- behaviour
+    url_mode = Enum(["dns", "cluster-ip"], default_value="dns", config=True, help="""
+        How the hub reaches the guest: the Service's DNS name
+        (http://{service}.{namespace}.svc.cluster.local:8888) or its ClusterIP.""")
+    gpu_unavailable = Enum(["wait", "fail"], default_value="wait", config=True, help="""
+        When no requested GPU is free: keep waiting until start_timeout, or fail at once.""")
+    max_concurrent_clones = Integer(4, config=True, help="""
+        Most root-disk clones from golden images at a time across the hub; later starts queue.""")
+    retention_days = Integer(30, config=True, help="""
+        Days the disks of a deleted user or named server are kept (labelled as retained).""")
+    stop_timeout = Integer(300, config=True, help="Seconds a graceful stop may take before the VM is forced off.")
+    profile_list = Union([List(Dict()), Callable()], config=True, help="""
+        Profiles users choose from: dicts with display_name, slug, description, default, version and
+        kubevirt_override (settings such as cpu_guarantee, mem_guarantee, gpus, node_selector,
+        tolerations, root_disk_size, golden_image, workspace_disk_size). May be a callable
+        taking the spawner and returning the list.""")
+
+    @default("profile_list")
+    def _default_profile_list(self):
+        return []
+
+    @default("start_timeout")
+    def _default_start_timeout(self):
+        return 900  # a first start clones a large disk
+
+    @default("http_timeout")
+    def _default_http_timeout(self):
+        return 120  # a VM boots before Jupyter answers
+
+    @default("cpu_guarantee")
+    def _default_cpu(self):
+        return 2.0
+
+    @default("mem_guarantee")
+    def _default_mem(self):
+        return 4 * 2 ** 30
+
+    @validate("golden_image")
+    def _check_golden(self, proposal):
+        value = proposal["value"]
+        if not re.match(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", value or ""):
+            raise TraitError(f"KubeVirtSpawner.golden_image = {value!r}: give the golden image PVC as namespace/name")
+        return value
+
+    @validate("root_disk_size", "workspace_disk_size")
+    def _check_size(self, proposal):
+        value = proposal["value"]
+        if value:
+            try:
+                parse_quantity(value)
+            except ValueError:
+                raise TraitError(f"KubeVirtSpawner.{proposal['trait'].name} = {value!r} is not a Kubernetes "
+                                 "quantity such as 60Gi") from None
+        return value
+
+    @validate("gpus")
+    def _check_gpus(self, proposal):
+        for device, count in proposal["value"].items():
+            if count < 0 or "/" not in device:
+                raise TraitError(f"KubeVirtSpawner.gpus: {device!r}: {count} must be a resource name such as "
+                                 "nvidia.com/A100-PCIE-40GB with a count of 0 or more")
+        return proposal["value"]
+
+    @validate("ports")
+    def _check_ports(self, proposal):
+        if m.JUPYTER_PORT not in proposal["value"].values():
+            raise TraitError(f"KubeVirtSpawner.ports must include Jupyter's port {m.JUPYTER_PORT}")
+        return proposal["value"]
+
+    # ---------------------------------------------------------------- set-up
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._ident: m.Identity | None = None
+        self._progress: list[dict] = []
+        self._start_began: str | None = None
+        self._starting = False
+        self.check_config()
+
+    def check_config(self):
+        """Fail early, naming the setting, on configuration that could never work."""
+        sample = {"user": "alice", "server": "gpu", "user_server": "alice--gpu"}
+        for trait in ("namespace_template", "vm_name_template", "rootdisk_name_template",
+                      "workspace_name_template", "secret_name_template", "service_name_template"):
+            try:
+                names.render(getattr(self, trait), f"KubeVirtSpawner.{trait}",
+                             service=trait == "service_name_template", **sample)
+            except ValueError as exc:
+                raise TraitError(str(exc)) from None
+        if self.max_concurrent_clones < 1:
+            raise TraitError("KubeVirtSpawner.max_concurrent_clones must be at least 1")
+        if not callable(self.profile_list):
+            self._profiles()
+
+    def _profiles(self) -> list[dict]:
+        raw = self.profile_list(self) if callable(self.profile_list) else self.profile_list
+        try:
+            return prof.normalise(raw or [])
+        except prof.ProfileError as exc:
+            raise TraitError(f"KubeVirtSpawner.profile_list: {exc}") from None
+
+    def _shared(self) -> dict:
+        ns_scope = self.namespace_template if "{" not in self.namespace_template else None
+        key = (self.kubeconfig, self.kube_context, ns_scope, self.events_enabled)
+        shared = _shared.get(key)
+        if shared is None:
+            kube = k.Kube(k.load_api_client(self.kubeconfig, self.kube_context), self.k8s_api_request_timeout,
+                          self.k8s_api_retry_timeout)
+            caches = Caches(kube, m.LABEL_WORKSTATION, ns_scope, events=self.events_enabled)
+            shared = _shared[key] = {"kube": kube, "caches": caches, "gate": CloneGate(self.max_concurrent_clones)}
+        shared["caches"].start()
+        return shared
+
+    # ---------------------------------------------------------------- identity and spec
+    def _template_identity(self) -> m.Identity:
+        user_slug = names.safe_slug(self.user.name)
+        server_slug = names.safe_slug(self.name, names.SERVER_SLUG_MAX) if self.name else ""
+        slug = names.workstation_slug(self.user.name, self.name)
+        fields = {"user": user_slug, "server": server_slug, "user_server": slug}
+
+        def render(trait: str) -> str:
+            return names.render(getattr(self, trait), f"KubeVirtSpawner.{trait}",
+                                service=trait == "service_name_template", **fields)
+
+        return m.Identity(user=self.user.name, server=self.name or "", slug=slug, user_slug=user_slug,
+                          server_slug=server_slug, namespace=render("namespace_template"),
+                          vm=render("vm_name_template"), rootdisk=render("rootdisk_name_template"),
+                          workspace=render("workspace_name_template"), secret=render("secret_name_template"),
+                          service=render("service_name_template"))
+
+    def _found_identity(self, caches: Caches) -> m.Identity | None:
+        """The workstation's names as they are in the cluster (after a restart that lost the state)."""
+        for vm in caches.vms.values():
+            ann = vm["metadata"].get("annotations") or {}
+            if ann.get(m.ANNOTATION_USERNAME) != self.user.name or ann.get(m.ANNOTATION_SERVERNAME, "") != self.name:
+                continue
+            labels = vm["metadata"].get("labels") or {}
+            ns = vm["metadata"]["namespace"]
+            volumes = {v["name"]: v for v in vm["spec"]["template"]["spec"].get("volumes") or []}
+            claim = lambda vol: (volumes.get(vol) or {}).get("persistentVolumeClaim", {}).get("claimName")  # noqa: E731
+            template = self._template_identity()
+            service = next((s["metadata"]["name"] for s in caches.services.values()
+                            if s["metadata"]["namespace"] == ns
+                            and (s["metadata"].get("labels") or {}).get(m.LABEL_WORKSTATION) == labels.get(
+                                m.LABEL_WORKSTATION)), template.service)
+            return m.Identity(user=self.user.name, server=self.name or "", slug=labels[m.LABEL_WORKSTATION],
+                              user_slug=labels.get(m.LABEL_USER, template.user_slug),
+                              server_slug=labels.get(m.LABEL_SERVER, ""), namespace=ns, vm=vm["metadata"]["name"],
+                              rootdisk=claim("rootdisk") or template.rootdisk,
+                              workspace=claim("workspace") or template.workspace,
+                              secret=(volumes.get(m.ENV_DISK_SERIAL) or {}).get("secret", {}).get("secretName")
+                              or template.secret, service=service)
+        return None
+
+    async def _workstation(self, profile: dict | None = None) -> Workstation:
+        shared = self._shared()
+        caches = shared["caches"]
+        if self._ident is None:
+            await caches.wait_synced()
+            self._ident = self._found_identity(caches) or self._template_identity()
+        settings = Settings(url_mode=self.url_mode, gpu_unavailable=self.gpu_unavailable,
+                            start_timeout=max(1.0, self.start_timeout - 5), stop_timeout=self.stop_timeout,
+                            retention_days=self.retention_days, clone_gate=shared["gate"])
+        return Workstation(shared["kube"], caches, self._ident, self._machine_spec(profile), settings)
+
+    def _machine_spec(self, profile: dict | None) -> m.MachineSpec:
+        values = {}
+        override = (profile or {}).get("kubevirt_override") or {}
+        for name in prof.OVERRIDABLE:
+            trait = self.traits()[name]
+            try:
+                values[name] = trait._validate(self, override[name]) if name in override else getattr(self, name)
+            except TraitError as exc:
+                raise WorkstationError(f"Profile {profile['slug']!r} has an invalid {name}: {exc}") from None
+        mem_limit = values["mem_limit"]
+        guest = values["memory_guest"] or mem_limit or values["mem_guarantee"]
+        golden = values["golden_image"]
+        return m.MachineSpec(
+            cpu=cpu_quantity(values["cpu_guarantee"] or values["cpu_limit"] or 1),
+            memory=memory_quantity(values["mem_guarantee"] or mem_limit),
+            cpu_limit=cpu_quantity(values["cpu_limit"]) if values["cpu_limit"] else None,
+            memory_limit=memory_quantity(mem_limit) if mem_limit else None,
+            memory_guest=memory_quantity(guest),
+            gpus=tuple(sorted((d, n) for d, n in values["gpus"].items() if n)),
+            node_selector=dict(values["node_selector"]), tolerations=tuple(values["tolerations"]),
+            affinity=dict(values["affinity"]) or None, golden_image=golden,
+            root_disk_size=values["root_disk_size"], storage_class=values["storage_class"],
+            workspace_disk_size=values["workspace_disk_size"] or None,
+            termination_grace_period=values["termination_grace_period"],
+            ports=tuple(self.ports.items()), profile=(profile or {}).get("slug", ""),
+            profile_version=(profile or {}).get("version", ""),
+            extra_labels=dict(values["extra_labels"]), extra_annotations=dict(values["extra_annotations"]))
+
+    # ---------------------------------------------------------------- options form
+    def _options_form_default(self):
+        return self._render_options_form
+
+    def _render_options_form(self, spawner):
+        profiles = self._profiles()
+        current = (self.user_options or {}).get("profile")
+        return prof.options_form(profiles, current)
+
+    def options_from_form(self, formdata):
+        return prof.options_from_form(formdata)
+
+    # ---------------------------------------------------------------- state
+    def get_state(self):
+        state = super().get_state()
+        if self._ident is not None:
+            state["workstation"] = self._ident.to_state()
+        return state
+
+    def load_state(self, state):
+        super().load_state(state)
+        if state.get("workstation"):
+            self._ident = m.Identity.from_state(state["workstation"])
+
+    def clear_state(self):
+        """The machine outlives its servers: its names are kept, only the session is cleared."""
+        super().clear_state()
+
+    # ---------------------------------------------------------------- lifecycle
+    def get_env(self):
+        env = super().get_env()
+        env["JUPYTERHUB_SERVICE_URL"] = f"http://0.0.0.0:{m.JUPYTER_PORT}{self.server.base_url if self.server else '/'}"
+        return env
+
+    async def start(self):
+        self._progress = []
+        self._start_began = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        self._starting = True
+        try:
+            profile = prof.choose(self._profiles(), self.user_options)
+            ws = await self._workstation(profile)
+            self.ip, self.port = "0.0.0.0", m.JUPYTER_PORT
+            env = self.get_env()
+            self.log.info("starting %s/%s for %s (profile %s)", ws.ident.namespace, ws.ident.vm,
+                          self._log_name, ws.spec.profile or "-")
+            url = await ws.start(env, self.get_args(), self._report)
+            self._report(100, "Your workstation is ready")
+            return url
+        except (WorkstationError, prof.ProfileError) as exc:
+            self.log.warning("start of %s failed: %s", self._log_name, exc)
+            raise SpawnError(str(exc)) from exc
+        finally:
+            self._starting = False
+            self._shared()["caches"].notify()
+
+    def _report(self, percent: int, message: str):
+        self._progress.append({"progress": percent, "message": message})
+        self._shared()["caches"].notify()
+
+    async def progress(self):
+        """Our own steps, and the cluster's Events about this workstation since the start began."""
+        shared = self._shared()
+        caches = shared["caches"]
+        sent, seen_events, percent = 0, set(), 0
+        while True:
+            while sent < len(self._progress):
+                event = self._progress[sent]
+                sent += 1
+                percent = max(percent, event["progress"])
+                yield event
+            if self._ident is not None and self._start_began:
+                ident = self._ident
+                for ev in caches.events_for(ident.namespace, {ident.vm, ident.rootdisk, ident.workspace}):
+                    key = (ev["metadata"].get("uid"), ev.get("count"), ev.get("lastTimestamp"))
+                    stamp = ev.get("lastTimestamp") or ev.get("eventTime") or ""
+                    if key in seen_events or stamp < self._start_began:
+                        continue
+                    seen_events.add(key)
+                    if ev.get("type") == "Warning" or ev.get("reason") in ("Scheduled", "Started"):
+                        yield {"progress": percent, "message": f"{ev.get('reason')}: {ev.get('message')}"}
+            if not self._starting:
+                return
+            await caches.next_change()
+
+    async def poll(self):
+        if self._starting:
+            return None
+        ws = await self._workstation()
+        await ws.caches.wait_synced()  # never report a running machine as stopped before the caches know
+        status = ws.status()
+        if status in ("running", "starting"):
+            return None
+        if status == "lost":
+            self.log.warning("%s is on a node that stopped responding: reporting it as not running",
+                             self._log_name)
+            return 1
+        return 1 if status == "failed" else 0
+
+    async def get_url(self):
+        ws = await self._workstation()
+        return ws.url() or await super().get_url()
+
+    async def stop(self, now=False):
+        ws = await self._workstation()
+        try:
+            await ws.stop(now=now)
+        except WorkstationError as exc:
+            raise SpawnError(str(exc)) from exc
+
+    async def delete_forever(self):
+        ws = await self._workstation()
+        kept = await ws.retire()
+        self.log.info("deleted the workstation of %s; kept %s", self._log_name, ", ".join(kept))

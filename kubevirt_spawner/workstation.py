@@ -1,0 +1,531 @@
+"""The lifecycle of one workstation: provision, start (resume), wait, stop and retire.
+
+Used by the spawner and by the hub service. Every wait reads the shared caches (`reflector.py`);
+API requests are only made to change something. Failures reach the user as `WorkstationError`,
+one sentence that says what happened and what to do; the log has the details.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Callable
+
+from . import kube as k
+from . import manifests as m
+from .reflector import Caches
+
+log = logging.getLogger(__name__)
+
+ANNOTATION_SPEC_HASH = m.LABEL_PREFIX + "spec-hash"
+SNAPSHOT = k.Kind("VirtualMachineSnapshot", "snapshot.kubevirt.io", "v1beta1", "virtualmachinesnapshots")
+FINAL_PHASES = ("Succeeded", "Failed")
+ALREADY_RUNNING = ("already running", "does not support manual start requests")
+
+Report = Callable[[int, str], None]
+
+
+class WorkstationError(Exception):
+    """A failure the user can act on; `str()` is the sentence shown to them."""
+
+
+def _ignore_report(percent: int, message: str):
+    pass
+
+
+def field_value(obj: dict | None, path: str):
+    cur = obj
+    for part in path.split("."):
+        if not isinstance(cur, dict):
+            return None
+        cur = cur.get(part)
+    return cur
+
+
+def condition(obj: dict | None, ctype: str) -> dict:
+    for c in field_value(obj, "status.conditions") or []:
+        if c.get("type") == ctype:
+            return c
+    return {}
+
+
+def parse_quantity(q: str) -> float:
+    """Bytes of a Kubernetes storage quantity such as `60Gi` or `1.5T`."""
+    units = {"Ki": 2 ** 10, "Mi": 2 ** 20, "Gi": 2 ** 30, "Ti": 2 ** 40, "Pi": 2 ** 50, "Ei": 2 ** 60,
+             "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
+    q = str(q).strip()
+    for suffix in sorted(units, key=len, reverse=True):
+        if q.endswith(suffix):
+            return float(q[: -len(suffix)]) * units[suffix]
+    return float(q)
+
+
+def spec_hash(vm: dict) -> str:
+    return hashlib.sha256(json.dumps(vm["spec"]["template"], sort_keys=True).encode()).hexdigest()[:16]
+
+
+class CloneGate:
+    """At most `limit` golden-image clones at a time across the hub (concurrent clones of one
+    image can overwhelm Ceph). Later starts queue in arrival order."""
+
+    def __init__(self, limit: int = 4):
+        self.limit = limit
+        self.queue: list[object] = []
+        self.admitted: dict[object, float] = {}
+
+    def running(self, caches: Caches) -> int:
+        in_cluster = {(dv["metadata"]["namespace"], dv["metadata"]["name"]) for dv in caches.dvs.values()
+                      if "pvc" in (field_value(dv, "spec.source") or {})
+                      and field_value(dv, "status.phase") not in FINAL_PHASES}
+        # An admitted clone counts until its DataVolume shows up in the cache.
+        pending = [key for key in self.admitted if caches.dvs.get(*key) is None]
+        return len(in_cluster) + len(pending)
+
+    async def admit(self, key: tuple[str, str], caches: Caches, report: Report):
+        self.queue.append(key)
+        try:
+            last = None
+            while True:
+                ahead = self.queue.index(key)
+                running = self.running(caches)
+                if ahead == 0 and running < self.limit:
+                    break
+                if (ahead, running) != last:
+                    report(5, f"Queued for disk clone: {ahead + max(0, running - self.limit + 1)} ahead "
+                              f"({running} of {self.limit} clones running)")
+                    last = (ahead, running)
+                await caches.wait_for(lambda a=ahead, r=running: (self.queue.index(key), self.running(caches))
+                                      != (a, r))
+            self.admitted[key] = time.monotonic()
+        finally:
+            self.queue.remove(key)
+            caches.notify()  # the next in the queue may go now
+
+    def release(self, key: tuple[str, str]):
+        self.admitted.pop(key, None)
+
+
+@dataclass
+class Settings:
+    """Hub-wide behaviour a Workstation needs from the spawner's configuration."""
+    url_mode: str = "dns"  # or "cluster-ip"
+    gpu_unavailable: str = "wait"  # or "fail"
+    start_timeout: float = 600.0
+    stop_timeout: float = 300.0
+    retention_days: int = 30
+    clone_gate: CloneGate = field(default_factory=CloneGate)
+
+
+# One task per workstation and operation kind, so concurrent starts act once.
+_operations: dict[tuple[str, str, str], asyncio.Task] = {}
+
+
+async def _once(key: tuple[str, str, str], factory):
+    task = _operations.get(key)
+    if task is None or task.done():
+        task = asyncio.ensure_future(factory())
+        _operations[key] = task
+        task.add_done_callback(lambda t: _operations.pop(key, None) if _operations.get(key) is t else None)
+    return await asyncio.shield(task)
+
+
+class Workstation:
+    def __init__(self, kube: k.Kube, caches: Caches, ident: m.Identity, spec: m.MachineSpec, settings: Settings):
+        self.kube, self.caches, self.ident, self.spec, self.settings = kube, caches, ident, spec, settings
+        self.log = logging.LoggerAdapter(log, {"workstation": f"{ident.namespace}/{ident.vm}"})
+
+    # ------------------------------------------------------------ cached views
+    @property
+    def vm(self) -> dict | None:
+        return self.caches.vms.get(self.ident.namespace, self.ident.vm)
+
+    @property
+    def vmi(self) -> dict | None:
+        return self.caches.vmis.get(self.ident.namespace, self.ident.vm)
+
+    @property
+    def rootdisk(self) -> dict | None:
+        return self.caches.dvs.get(self.ident.namespace, self.ident.rootdisk)
+
+    @property
+    def rootdisk_pvc(self) -> dict | None:
+        return self.caches.pvcs.get(self.ident.namespace, self.ident.rootdisk)
+
+    @property
+    def service(self) -> dict | None:
+        return self.caches.services.get(self.ident.namespace, self.ident.service)
+
+    def status(self) -> str:
+        """running | starting | stopped | failed | lost (a VMI on a node that stopped answering)."""
+        vmi = self.vmi
+        if vmi is None:
+            return "stopped"
+        phase = field_value(vmi, "status.phase")
+        if phase == "Unknown":
+            return "lost"
+        if phase == "Failed":
+            return "failed"
+        if phase == "Succeeded" or vmi["metadata"].get("deletionTimestamp"):
+            return "stopped"
+        if phase == "Running":
+            return "running"
+        return "starting"
+
+    def url(self) -> str | None:
+        port = m.JUPYTER_PORT
+        if self.settings.url_mode == "cluster-ip":
+            ip = field_value(self.service, "spec.clusterIP")
+            return f"http://{ip}:{port}" if ip and ip != "None" else None
+        return f"http://{self.ident.service}.{self.ident.namespace}.svc.cluster.local:{port}"
+
+    def attached_elsewhere(self) -> list[dict]:
+        """VMIs, ours included, that still hold the root disk (not finished)."""
+        out = []
+        for vmi in self.caches.vmis.values():
+            if vmi["metadata"]["namespace"] != self.ident.namespace:
+                continue
+            claims = [field_value(v, "persistentVolumeClaim.claimName") or field_value(v, "dataVolume.name")
+                      for v in field_value(vmi, "spec.volumes") or []]
+            if self.ident.rootdisk in claims and field_value(vmi, "status.phase") not in FINAL_PHASES:
+                out.append(vmi)
+        return out
+
+    # ------------------------------------------------------------ start
+    async def start(self, env: dict[str, str], args: list[str], report: Report = _ignore_report) -> str:
+        key = (self.ident.namespace, self.ident.vm, "start")
+        return await _once(key, lambda: self._start(env, args, report))
+
+    async def _start(self, env, args, report) -> str:
+        deadline = time.monotonic() + self.settings.start_timeout
+        await self.caches.wait_synced()
+        try:
+            self._refuse_double_attach()
+            report(1, "Preparing your workstation")
+            await self._provision(report)
+            await self._write_env(env, args)
+            await self._request_start(report)
+            return await self._wait_ready(report, deadline)
+        except BaseException as exc:
+            if not isinstance(exc, WorkstationError):
+                self.log.exception("start of %s failed", self.ident.vm)
+            await asyncio.shield(self._stop_after_failed_start())
+            if isinstance(exc, (WorkstationError, asyncio.CancelledError)):
+                raise
+            if isinstance(exc, k.KubeError):
+                raise WorkstationError(f"The cluster refused to start your workstation ({exc.message}). "
+                                       "Try again in a minute; if it keeps failing, tell your administrator.") from exc
+            raise WorkstationError("Your workstation could not be started because of an internal error. "
+                                   "Try again; if it keeps failing, tell your administrator.") from exc
+        finally:
+            self.settings.clone_gate.release((self.ident.namespace, self.ident.rootdisk))
+
+    def _refuse_double_attach(self):
+        for vmi in self.attached_elsewhere():
+            name = vmi["metadata"]["name"]
+            node = field_value(vmi, "status.nodeName") or "an unknown node"
+            if field_value(vmi, "status.phase") == "Unknown":
+                raise WorkstationError(
+                    f"Your workstation's disk is still attached to a machine on node {node}, which has stopped "
+                    f"responding. It cannot start anywhere else until an administrator confirms that {node} is "
+                    f"fenced (powered off), for example by tainting it "
+                    f"node.kubernetes.io/out-of-service=nodeshutdown:NoExecute.")
+            if name != self.ident.vm:
+                raise WorkstationError(
+                    f"Your workstation's disk is in use by another virtual machine ({name} on {node}). "
+                    f"Stop it first, or ask your administrator.")
+
+    async def _provision(self, report: Report):
+        """Create whatever is missing; adopt what exists (after a hub restart, or a second start)."""
+        ident, spec = self.ident, self.spec
+        vm = self.vm
+        if vm is None:
+            await self._ensure(k.NAMESPACE, m.namespace(ident), check_owner=False)
+        disk = self.rootdisk or self.rootdisk_pvc
+        if disk is None and vm is not None:
+            raise WorkstationError(
+                f"Your system disk {ident.namespace}/{ident.rootdisk} is missing, so your workstation cannot start. "
+                "Ask your administrator to restore it from a snapshot or to reset your system.")
+        if disk is None:
+            await self.settings.clone_gate.admit((ident.namespace, ident.rootdisk), self.caches, report)
+            report(5, f"Cloning your system disk from {spec.golden_name}")
+            await self._ensure(k.DV, m.root_datavolume(ident, spec))
+        await self._unretire()
+        if spec.workspace_disk_size and self.caches.dvs.get(ident.namespace, ident.workspace) is None \
+                and self.caches.pvcs.get(ident.namespace, ident.workspace) is None:
+            await self._ensure(k.DV, m.workspace_datavolume(ident, spec))
+        desired = m.virtual_machine(ident, spec)
+        desired["metadata"]["annotations"][ANNOTATION_SPEC_HASH] = spec_hash(desired)
+        if vm is None:
+            vm = await self._ensure(k.VM, desired)
+        await self._update_stopped_vm(vm, desired)
+        if self.service is None:
+            await self._ensure(k.SERVICE, m.service(ident, spec))
+
+    async def _unretire(self):
+        """A user who comes back before the retention ends gets their kept disks back."""
+        for cache, kind in ((self.caches.dvs, k.DV), (self.caches.pvcs, k.PVC)):
+            for name in (self.ident.rootdisk, self.ident.workspace):
+                obj = cache.get(self.ident.namespace, name)
+                if obj is not None and m.LABEL_RETAINED in (obj["metadata"].get("labels") or {}):
+                    await self.kube.patch(kind, self.ident.namespace, name, m.unretained_patch())
+                    self.log.info("%s %s is in use again: no longer marked as retained", kind.kind, name)
+
+    def _check_owner(self, obj: dict):
+        owner = (obj["metadata"].get("labels") or {}).get(m.LABEL_WORKSTATION)
+        if owner != self.ident.slug:
+            raise WorkstationError(
+                f"{obj.get('kind', 'An object')} {obj['metadata']['namespace']}/{obj['metadata']['name']} already "
+                f"exists and does not belong to this workstation; ask your administrator to rename or remove it.")
+
+    async def _ensure(self, kind: k.Kind, obj: dict, check_owner: bool = True) -> dict:
+        try:
+            existing, created = await self.kube.create_or_get(kind, obj)
+        except k.KubeError as err:
+            if kind is k.NAMESPACE and err.status == 403:
+                return obj  # a hub allowed to use, not create, namespaces: it exists or the next call says so
+            raise
+        if created:
+            self.log.info("created %s %s", kind.kind, obj["metadata"]["name"])
+        elif check_owner:
+            self._check_owner(existing)
+        return existing
+
+    async def _update_stopped_vm(self, vm: dict, desired: dict):
+        """A changed profile takes effect at the next start: new VM spec, and a larger disk."""
+        ident = self.ident
+        await self._resize_rootdisk()
+        annotations = vm["metadata"].get("annotations") or {}
+        if annotations.get(ANNOTATION_SPEC_HASH) == desired["metadata"]["annotations"][ANNOTATION_SPEC_HASH]:
+            return
+        if self.status() not in ("stopped", "failed"):
+            return  # a running machine keeps its spec; the next start applies it
+        patch = {"metadata": {"labels": desired["metadata"]["labels"], "annotations": desired["metadata"]["annotations"]},
+                 "spec": {"template": desired["spec"]["template"]}}
+        await self.kube.patch(k.VM, ident.namespace, ident.vm, patch)
+        self.log.info("updated the spec of %s (profile %s %s)", ident.vm, self.spec.profile, self.spec.profile_version)
+
+    async def _resize_rootdisk(self):
+        pvc = self.rootdisk_pvc
+        if pvc is None:
+            return
+        current = field_value(pvc, "spec.resources.requests.storage")
+        wanted = self.spec.root_disk_size
+        if not current or parse_quantity(wanted) == parse_quantity(current):
+            return
+        if parse_quantity(wanted) < parse_quantity(current):
+            raise WorkstationError(
+                f"Your system disk is {current}, and the selected profile asks for {wanted}: disks can grow but "
+                f"never shrink. Choose a profile with a disk of at least {current}.")
+        await self.kube.patch(k.PVC, self.ident.namespace, self.ident.rootdisk,
+                              {"spec": {"resources": {"requests": {"storage": wanted}}}})
+        self.log.info("expanding %s from %s to %s", self.ident.rootdisk, current, wanted)
+
+    async def _write_env(self, env: dict[str, str], args: list[str]):
+        secret = m.env_secret(self.ident, env, args)
+        try:
+            await self.kube.replace(k.SECRET, secret)
+        except k.KubeError as err:
+            if not err.not_found:
+                raise
+            await self.kube.create(k.SECRET, secret)
+
+    async def _request_start(self, report: Report):
+        ident = self.ident
+        vmi = self.vmi
+        if vmi is not None and self.status() in ("running", "starting"):
+            # A machine booted by an earlier hub process holds an older token: reboot it with the new one.
+            report(8, "Restarting your workstation so it picks up the new session")
+            try:
+                await self.kube.vm_action(ident.namespace, ident.vm, "restart")
+                await self.caches.wait_for(lambda: self.vmi is None
+                                           or self.vmi["metadata"]["uid"] != vmi["metadata"]["uid"])
+                return
+            except k.KubeError as err:
+                if not err.conflict:
+                    raise
+        try:
+            await self.kube.vm_action(ident.namespace, ident.vm, "start")
+        except k.KubeError as err:
+            if not (err.conflict and any(s in err.message for s in ALREADY_RUNNING)):
+                raise
+            self.log.info("start of %s: %s (continuing)", ident.vm, err.message)
+        # The cache must show the request before the waits can tell "not started yet" from "stopped".
+        await self.caches.wait_for(lambda: field_value(self.vm, "spec.runStrategy") != "Halted" or self.vmi)
+
+    async def _wait_ready(self, report: Report, deadline: float) -> str:
+        steps = _StartSteps(self, report)
+        try:
+            return await self.caches.wait_for(steps.check, max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            raise WorkstationError(steps.timeout_message(self.settings.start_timeout)) from None
+
+    async def _stop_after_failed_start(self):
+        """A failed start leaves nothing holding a node or a GPU."""
+        try:
+            await self.stop(now=True)
+        except Exception:
+            self.log.exception("could not stop %s after a failed start", self.ident.vm)
+
+    # ------------------------------------------------------------ stop
+    async def stop(self, now: bool = False):
+        key = (self.ident.namespace, self.ident.vm, "stop-now" if now else "stop")
+        await _once(key, lambda: self._stop(now))
+
+    async def _stop(self, now: bool):
+        ident = self.ident
+        await self.caches.wait_synced()
+        if self.vm is None and self.vmi is None:
+            return
+        await self._stop_call(now)
+        if self.status() == "lost":
+            # Halted now, so it does not come back by itself once the node is fenced.
+            self.log.warning("%s is on node %s, which is not responding: it stays there until the node is fenced",
+                             ident.vm, field_value(self.vmi, "status.nodeName"))
+            return
+        try:
+            await self.caches.wait_for(self._gone, self.settings.stop_timeout)
+        except asyncio.TimeoutError:
+            self.log.warning("%s did not shut down within %ss: forcing it off", ident.vm, self.settings.stop_timeout)
+            await self._stop_call(True)
+            await self.caches.wait_for(self._gone, 60)
+
+    def _gone(self) -> bool:
+        return self.vmi is None or field_value(self.vmi, "status.phase") in FINAL_PHASES
+
+    async def _stop_call(self, now: bool):
+        try:
+            await self.kube.vm_action(self.ident.namespace, self.ident.vm, "stop", {"gracePeriod": 0} if now else {})
+        except k.KubeError as err:
+            if err.not_found or (err.conflict and "not running" in err.message):
+                return
+            if err.conflict and now:
+                return  # already stopping with no shorter grace period to apply
+            raise
+
+    # ------------------------------------------------------------ retire
+    async def retire(self) -> list[str]:
+        """Delete the VM, Service and Secret; keep every disk and snapshot, marked as retained
+        until `retention_days` from now. Returns the names of what was kept."""
+        ident = self.ident
+        await self.caches.wait_synced()
+        await self.stop(now=True)
+        until = (datetime.now(timezone.utc) + timedelta(days=self.settings.retention_days)).strftime(
+            "%Y-%m-%dT%H:%M:%SZ")
+        patch = m.retained_patch(until)
+        kept = []
+        selector = f"{m.LABEL_WORKSTATION}={ident.slug}"
+        for kind in (k.DV, k.PVC, SNAPSHOT):
+            try:
+                listing = await self.kube.list(kind, ident.namespace, selector)
+            except k.KubeError as err:
+                if err.not_found and kind is SNAPSHOT:
+                    continue  # snapshots not installed on this cluster
+                raise
+            for obj in listing.get("items") or []:
+                await self.kube.patch(kind, ident.namespace, obj["metadata"]["name"], patch)
+                kept.append(f"{kind.kind}/{obj['metadata']['name']}")
+        for kind, name in ((k.VM, ident.vm), (k.SERVICE, ident.service), (k.SECRET, ident.secret)):
+            await self.kube.delete(kind, ident.namespace, name)
+        self.log.info("retired %s; kept %s until %s", ident.vm, ", ".join(kept) or "nothing", until)
+        return kept
+
+
+class _StartSteps:
+    """Reads the caches after each change and reports where the start is; returns the URL when ready."""
+
+    def __init__(self, ws: Workstation, report: Report):
+        self.ws, self.report = ws, report
+        self.last: tuple[int, str] | None = None
+        self.waiting_for = "the workstation to start"
+        self.start_uid: str | None = None
+
+    def say(self, percent: int, message: str):
+        if (percent, message) != self.last:
+            self.last = (percent, message)
+            self.report(percent, message)
+
+    def check(self) -> str | None:
+        ws, spec = self.ws, self.ws.spec
+        dv = ws.rootdisk
+        phase = field_value(dv, "status.phase")
+        if dv is not None and phase == "Failed":
+            raise WorkstationError(f"Cloning your system disk from {spec.golden_name} failed "
+                                   f"({condition(dv, 'Running').get('message') or 'see the cluster events'}). "
+                                   "Ask your administrator to check the golden image and storage.")
+        if dv is not None and phase != "Succeeded":
+            progress = field_value(dv, "status.progress") or "0%"
+            try:
+                pct = float(progress.rstrip("%"))
+            except ValueError:
+                pct = 0.0
+            self.waiting_for = "the system disk clone to finish"
+            self.say(5 + int(pct * 0.55), f"Cloning your system disk from {spec.golden_name}: {pct:.0f}%")
+            return None
+        vm = ws.vm
+        if vm is not None and field_value(vm, "spec.runStrategy") == "Halted" and ws.vmi is None:
+            raise WorkstationError("Your workstation was stopped while it was starting. Start it again.")
+        vmi = ws.vmi
+        if vmi is None or vmi["metadata"].get("deletionTimestamp"):
+            self.waiting_for = "the virtual machine to be created"
+            self.say(62, "Creating your virtual machine")
+            return None
+        vmi_phase = field_value(vmi, "status.phase")
+        if vmi_phase in FINAL_PHASES:
+            raise WorkstationError("Your workstation shut down while it was booting. Start it again; if it keeps "
+                                   "happening, use the rescue page or ask your administrator.")
+        if vmi_phase == "Unknown":
+            ws._refuse_double_attach()
+        scheduled = condition(vmi, "PodScheduled")
+        if not field_value(vmi, "status.nodeName"):
+            if scheduled.get("status") == "False":
+                return self._unschedulable(scheduled.get("message") or "")
+            self.waiting_for = "a node"
+            self.say(65, "Waiting for a node" + self._gpu_phrase())
+            return None
+        if vmi_phase != "Running":
+            self.waiting_for = "the machine to boot"
+            self.say(75, f"Booting on {field_value(vmi, 'status.nodeName')}")
+            return None
+        if condition(vmi, "AgentConnected").get("status") != "True":
+            self.waiting_for = "the guest agent to connect"
+            self.say(82, "Booting")
+            return None
+        self.say(90, "Guest agent connected")
+        address = (field_value(vmi, "status.interfaces") or [{}])[0].get("ipAddress")
+        url = ws.url()
+        if not address or not url:
+            self.waiting_for = "a network address"
+            return None
+        self.say(95, "Starting Jupyter")
+        return url
+
+    def _gpu_phrase(self) -> str:
+        devices = [d for d, n in self.ws.spec.gpus if n]
+        return f" with a free {', '.join(devices)}" if devices else ""
+
+    def _unschedulable(self, message: str) -> None:
+        devices = [d for d, n in self.ws.spec.gpus if n]
+        short_of_gpu = [d for d in devices if d in message]
+        if short_of_gpu:
+            text = f"Waiting for a node with a free {', '.join(short_of_gpu)}: all are in use"
+            self.waiting_for = f"a free {', '.join(short_of_gpu)}"
+            if self.ws.settings.gpu_unavailable == "fail":
+                raise WorkstationError(f"No {', '.join(short_of_gpu)} is free right now ({message}). Try again "
+                                       "later or choose a profile without a GPU.")
+        else:
+            text = f"Waiting for a node: {message}"
+            self.waiting_for = "a node with enough free resources"
+        self.say(65, text)
+        return None
+
+    def timeout_message(self, timeout: float) -> str:
+        gpus = self.waiting_for.startswith("a free ")
+        hint = "Try again later or choose a smaller profile." if gpus or "node" in self.waiting_for \
+            else "Try again; if it keeps failing, ask your administrator."
+        return f"Your workstation did not start within {timeout:.0f} seconds while waiting for {self.waiting_for}. {hint}"
