@@ -47,8 +47,9 @@ def find_proxy() -> str:
                     "(or `npm install -g configurable-http-proxy`)")
 
 
-def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None, what: str = "server"):
-    """Wait until `url` answers (any HTTP status); fail early when `proc` exits."""
+def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None, what: str = "server",
+              any_status: bool = True):
+    """Wait until `url` answers (with any HTTP status, or only a success); fail early when `proc` exits."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
@@ -57,7 +58,9 @@ def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = N
             urllib.request.urlopen(url, timeout=2).close()
             return
         except urllib.error.HTTPError:
-            return
+            if any_status:
+                return
+            time.sleep(0.1)
         except (urllib.error.URLError, OSError):
             time.sleep(0.1)
     raise DemoError(f"the {what} did not answer at {url} within {timeout:.0f}s")
@@ -123,7 +126,8 @@ def start_hub(settings: HubSettings, log_path: Path, config: Path = LOCAL_CONFIG
     proc = subprocess.Popen([sys.executable, "-m", "jupyterhub", "-f", str(config)], cwd=hub_dir,
                             env=settings.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     log.close()
-    wait_http(f"{settings.url}/hub/api/", 90, proc, f"hub (log: {log_path})")
+    # Through the proxy, so the hub's route is in place too.
+    wait_http(f"{settings.url}/hub/api/", 90, proc, f"hub (log: {log_path})", any_status=False)
     return proc
 
 

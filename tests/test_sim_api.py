@@ -10,7 +10,7 @@ import requests
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from conftest import start_sim, wait_for
+from simtools import start_sim, wait_for
 from kube_objects import CDI, KV, SNAP, clone_dv, vm
 
 
@@ -283,7 +283,7 @@ def test_resource_quota_for_storage_and_claims(core, custom, ns):
 
 def test_state_survives_a_restart(tmp_path):
     s = start_sim(tmp_path)
-    from conftest import api_client
+    from simtools import api_client
     core = client.CoreV1Api(api_client(s))
     core.create_namespace({"metadata": {"name": "keep"}})
     core.create_namespaced_config_map("keep", {"metadata": {"name": "c"}, "data": {"k": "v"}})

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_for
+from simtools import wait_for
 
 SEED = Path(__file__).resolve().parents[1].parent / "shared" / "seed" / "manifests"
 

@@ -9,7 +9,7 @@ import pytest
 import requests
 from kubernetes.client.rest import ApiException
 
-from conftest import start_sim, api_client, wait_for
+from simtools import start_sim, api_client, wait_for
 from kube_objects import CDI, KV, SNAP, clone_dv, vm
 
 SUB = "/apis/subresources.kubevirt.io/v1/namespaces/{ns}/{kind}/{name}/{action}"

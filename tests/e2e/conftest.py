@@ -1,0 +1,207 @@
+"""End-to-end harness: the simulator, configurable-http-proxy and a real JupyterHub running the
+local hub config (the demo's), driven through the hub's REST API and the proxy."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from kubernetes import client
+
+from kubevirt_spawner import demo
+from simtools import api_client, start_sim
+
+E2E_SPEED = 20.0
+
+
+class Hub:
+    """One JupyterHub (restartable) behind one proxy, against one simulator."""
+
+    def __init__(self, state_dir: Path, sim, extra_config: str = ""):
+        self.sim = sim
+        self.state_dir = state_dir
+        extra = state_dir / "extra_config.py"
+        state_dir.mkdir(parents=True, exist_ok=True)
+        extra.write_text(extra_config)
+        self.settings = demo.HubSettings.create(state_dir, sim.kubeconfig, extra_config=str(extra))
+        self.log_dir = state_dir / "logs"
+        self.log_dir.mkdir(exist_ok=True)
+        self.proxy = demo.start_proxy(self.settings, self.log_dir / "proxy.log")
+        self.proc = None
+        self.http = requests.Session()
+        self.http.headers["Authorization"] = f"token {self.settings.admin_token}"
+
+    @property
+    def url(self) -> str:
+        return self.settings.url
+
+    def start(self):
+        self.proc = demo.start_hub(self.settings, self.log_dir / "hub.log")
+        return self
+
+    def kill(self):
+        """A hub crash: no clean shutdown."""
+        self.proc.kill()
+        self.proc.wait()
+
+    def restart(self, crash: bool = True):
+        if crash:
+            self.kill()
+        else:
+            demo.stop_process(self.proc)
+        self.start()
+
+    def close(self):
+        demo.stop_process(self.proc)
+        demo.stop_process(self.proxy)
+
+    def log(self) -> str:
+        return (self.log_dir / "hub.log").read_text(errors="replace")
+
+    # ------------------------------------------------------------ hub REST API
+    def api(self, method: str, path: str, **kw) -> requests.Response:
+        return self.http.request(method, f"{self.url}/hub/api{path}", timeout=60, **kw)
+
+    def ensure_user(self, name: str):
+        r = self.api("POST", f"/users/{name}")
+        assert r.status_code in (201, 409), r.text
+
+    def server_path(self, user: str, server: str = "") -> str:
+        return f"/users/{user}/servers/{server}" if server else f"/users/{user}/server"
+
+    def request_start(self, user: str, server: str = "", profile: str | None = None) -> requests.Response:
+        self.ensure_user(user)
+        body = {"profile": profile} if profile else {}
+        return self.api("POST", self.server_path(user, server), json=body)
+
+    def server_model(self, user: str, server: str = "") -> dict | None:
+        model = self.api("GET", f"/users/{user}").json()
+        return (model.get("servers") or {}).get(server)
+
+    def wait_ready(self, user: str, server: str = "", timeout: float = 120) -> dict:
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            last = self.server_model(user, server)
+            if last and last.get("ready"):
+                return last
+            if last is None and self._spawn_failed(user, server):
+                raise AssertionError(f"start of {user}/{server} failed: {self._spawn_failed(user, server)}")
+            time.sleep(0.2)
+        raise AssertionError(f"{user}/{server} not ready within {timeout}s: {last}")
+
+    def _spawn_failed(self, user: str, server: str) -> str | None:
+        return None
+
+    def start_server(self, user: str, server: str = "", profile: str | None = None, timeout: float = 120) -> dict:
+        r = self.request_start(user, server, profile)
+        assert r.status_code in (201, 202), r.text
+        return self.wait_ready(user, server, timeout)
+
+    def progress(self, user: str, server: str = "", events: list | None = None, timeout: float = 120) -> list[dict]:
+        """Every event of the hub's progress stream until it ends, appended to `events` as they come."""
+        url = f"{self.url}/hub/api{self.server_path(user, server)}/progress"
+        events = [] if events is None else events
+        with self.http.get(url, stream=True, timeout=timeout) as r:
+            for line in r.iter_lines(decode_unicode=True):
+                if line and line.startswith("data:"):
+                    events.append(json.loads(line[5:]))
+        return events
+
+    def stop_server(self, user: str, server: str = "", timeout: float = 120):
+        r = self.api("DELETE", self.server_path(user, server))
+        assert r.status_code in (202, 204), r.text
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            model = self.server_model(user, server)
+            if model is None or (model.get("stopped") and not model.get("pending")):
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"{user}/{server} did not stop within {timeout}s")
+
+    # ------------------------------------------------------------ the user's Jupyter server, through the proxy
+    def contents(self, user: str, server: str = "") -> str:
+        prefix = f"/user/{user}/{server}/" if server else f"/user/{user}/"
+        return f"{self.url}{prefix}api/contents/"
+
+    def write_file(self, user: str, path: str, text: str, server: str = ""):
+        base = self.contents(user, server)
+        parts = path.split("/")
+        for i in range(1, len(parts)):
+            directory = "/".join(parts[:i])
+            r = self.http.get(base + directory, params={"content": 0}, timeout=30)
+            if r.status_code == 404:
+                r = self.http.put(base + directory, json={"type": "directory"}, timeout=30)
+                assert r.status_code in (200, 201), r.text
+        r = self.http.put(base + path, json={"type": "file", "format": "text", "content": text}, timeout=30)
+        assert r.status_code in (200, 201), r.text
+
+    def read_file(self, user: str, path: str, server: str = "") -> str | None:
+        r = self.http.get(self.contents(user, server) + path, timeout=30)
+        if r.status_code == 404:
+            return None
+        assert r.status_code == 200, r.text
+        return r.json()["content"]
+
+
+class Cluster:
+    """Reads of the simulated cluster, and its /sim/v1 control API."""
+
+    def __init__(self, sim):
+        self.sim = sim
+        self.api = api_client(sim)
+        self.core = client.CoreV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
+
+    def objects(self, group: str, version: str, plural: str, ns: str) -> list[dict]:
+        return self.custom.list_namespaced_custom_object(group, version, ns, plural)["items"]
+
+    def vm(self, ns: str, name: str) -> dict | None:
+        return self._get("kubevirt.io", "v1", ns, "virtualmachines", name)
+
+    def vmi(self, ns: str, name: str) -> dict | None:
+        return self._get("kubevirt.io", "v1", ns, "virtualmachineinstances", name)
+
+    def _get(self, group, version, ns, plural, name):
+        try:
+            return self.custom.get_namespaced_custom_object(group, version, ns, plural, name)
+        except client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def datavolumes(self, ns: str) -> list[dict]:
+        return self.objects("cdi.kubevirt.io", "v1beta1", "datavolumes", ns)
+
+    def pvcs(self, ns: str) -> list[dict]:
+        r = self.api.call_api(*self.api.param_serialize("GET", f"/api/v1/namespaces/{ns}/persistentvolumeclaims",
+                                                        auth_settings=["BearerToken"]))
+        r.read()
+        return json.loads(r.data)["items"]
+
+    def sim_api(self, method: str, path: str, body: dict | None = None) -> dict:
+        r = requests.request(method, f"{self.sim.url}/sim/v1{path}", json=body, timeout=30)
+        assert r.status_code < 400, r.text
+        return r.json()
+
+
+@pytest.fixture(scope="module")
+def e2e_sim(tmp_path_factory):
+    s = start_sim(tmp_path_factory.mktemp("cluster"), speed=E2E_SPEED)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(e2e_sim):
+    return Cluster(e2e_sim)
+
+
+@pytest.fixture(scope="module")
+def hub(e2e_sim, tmp_path_factory):
+    h = Hub(tmp_path_factory.mktemp("hub"), e2e_sim).start()
+    yield h
+    h.close()

@@ -1,0 +1,106 @@
+"""A real JupyterHub with KubeVirtSpawner against the simulator: start, files, stop, resume."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from simtools import wait_for
+
+GPU = "nvidia.com/A100-PCIE-40GB"
+MACHINE_PATHS = ["etc/workstation.conf", "opt/conda/envs/torch/marker.txt", "usr/local/bin/tool.sh",
+                 "var/lib/app/state.json", "home/alice/.cache/pip/wheel.txt"]
+
+
+def test_files_survive_stop_and_start_and_a_stopped_gpu_is_free_for_others(hub, cluster):
+    hub.start_server("alice", profile="gpu-a100-2")  # both A100s of the GPU node
+    for path in MACHINE_PATHS:
+        hub.write_file("alice", path, f"alice wrote {path}")
+
+    # bob wants one of those GPUs: he waits, and sees why.
+    r = hub.request_start("bob", profile="gpu-a100-1")
+    assert r.status_code == 202, r.text
+    bob_events: list[dict] = []
+    watcher = threading.Thread(target=hub.progress, args=("bob", "", bob_events))
+    watcher.start()
+    wait_for(lambda: any(f"Waiting for a node with a free {GPU}" in e["message"] for e in bob_events)
+             or any("FailedScheduling" in e["message"] for e in bob_events), 60, what="bob told about the GPU")
+
+    hub.stop_server("alice")
+    vm = cluster.vm("notebook-alice", "alice-workstation")
+    assert vm is not None and vm["spec"]["runStrategy"] == "Halted"
+    assert cluster.vmi("notebook-alice", "alice-workstation") is None
+    pvcs = {p["metadata"]["name"]: p for p in cluster.pvcs("notebook-alice")}
+    assert pvcs["alice-rootdisk"]["status"]["phase"] == "Bound"
+    assert cluster.core.read_namespaced_service("alice-notebook", "notebook-alice") is not None
+
+    # alice's GPUs are free again: bob's GPU workstation now starts on that node.
+    hub.wait_ready("bob", timeout=120)
+    watcher.join(30)
+    bob_vmi = cluster.vmi("notebook-bob", "bob-workstation")
+    assert bob_vmi["status"]["nodeName"] == "vm-gpu-pci-1"
+    messages = [e["message"] for e in bob_events]
+    assert any(m.startswith("Cloning your system disk from ubuntu-24-04-cuda-golden:") for m in messages)
+    assert any(m == "Guest agent connected" for m in messages) and any(m == "Starting Jupyter" for m in messages)
+    assert all(0 <= e["progress"] <= 100 for e in bob_events)
+    hub.stop_server("bob")
+
+    # A profile with a smaller disk is refused, and nothing changes.
+    r = hub.request_start("alice", profile="cpu")
+    assert "Your system disk is 150Gi, and the selected profile asks for 60Gi" in r.text
+    assert cluster.vmi("notebook-alice", "alice-workstation") is None
+
+    # alice comes back with one GPU: the same machine, with everything she installed.
+    hub.start_server("alice", profile="gpu-a100-1")
+    for path in MACHINE_PATHS:
+        assert hub.read_file("alice", path) == f"alice wrote {path}"
+    vm = cluster.vm("notebook-alice", "alice-workstation")
+    assert len(vm["spec"]["template"]["spec"]["domain"]["devices"]["gpus"]) == 1
+    assert vm["metadata"]["annotations"]["kubevirt-spawner.io/profile"] == "gpu-a100-1"
+    assert len(cluster.datavolumes("notebook-alice")) == 1
+    assert cluster.sim_api("GET", "/violations")["violations"] == []
+    hub.stop_server("alice")
+
+
+def test_users_are_isolated_named_servers_get_their_own_disk_and_deleting_keeps_disks(hub, cluster):
+    hub.start_server("carol")
+    hub.start_server("dave")
+    hub.write_file("carol", "home/carol/secret.txt", "carol only")
+    assert hub.read_file("dave", "home/carol/secret.txt") is None
+    assert hub.read_file("carol", "home/carol/secret.txt") == "carol only"
+
+    hub.start_server("carol", server="gpu")
+    assert hub.read_file("carol", "home/carol/secret.txt", server="gpu") is None
+    disks = sorted(dv["metadata"]["name"] for dv in cluster.datavolumes("notebook-carol"))
+    assert disks == ["carol--gpu-rootdisk", "carol-rootdisk"]
+
+    # Removing the named server deletes its VM but keeps its disk.
+    r = hub.api("DELETE", "/users/carol/servers/gpu", json={"remove": True})
+    assert r.status_code in (202, 204), r.text
+    wait_for(lambda: cluster.vm("notebook-carol", "carol--gpu-workstation") is None, 60, what="named VM deleted")
+
+    # Deleting the user deletes VMs, Services and Secrets, and keeps every disk, marked as retained.
+    hub.stop_server("carol")
+    assert hub.api("DELETE", "/users/carol").status_code == 204
+    wait_for(lambda: cluster.vm("notebook-carol", "carol-workstation") is None, 60, what="VM deleted")
+    dvs = {dv["metadata"]["name"]: dv for dv in cluster.datavolumes("notebook-carol")}
+    assert sorted(dvs) == ["carol--gpu-rootdisk", "carol-rootdisk"]
+    for dv in dvs.values():
+        assert dv["metadata"]["labels"]["kubevirt-spawner.io/retained"] == "true"
+        assert dv["metadata"]["annotations"]["kubevirt-spawner.io/retain-until"].endswith("Z")
+    pvcs = {p["metadata"]["name"] for p in cluster.pvcs("notebook-carol")}
+    assert pvcs == {"carol--gpu-rootdisk", "carol-rootdisk"}
+    services = cluster.core.list_namespaced_service("notebook-carol").items
+    secrets = cluster.core.list_namespaced_secret("notebook-carol").items
+    assert services == [] and secrets == []
+    hub.stop_server("dave")
+
+
+def test_unknown_profile_and_tampered_options_are_refused_clearly(hub, cluster):
+    r = hub.request_start("erin", profile="tpu-v5")
+    assert r.status_code in (400, 500), r.text
+    assert "Unknown profile 'tpu-v5'. Choose one of: cpu, gpu-a100-1, gpu-a100-2." in r.text
+    hub.ensure_user("erin")
+    r = hub.api("POST", "/users/erin/server", json={"profile": "cpu", "cpu_guarantee": 64})
+    assert "Unsupported option(s) cpu_guarantee" in r.text
+    assert cluster.vm("notebook-erin", "erin-workstation") is None

@@ -1,0 +1,125 @@
+"""Every object the spawner builds validates against the upstream schemas and says whose it is."""
+
+import base64
+import json
+
+import pytest
+from kubernetes import client
+
+from kubevirt_spawner import manifests as m
+from kubevirt_spawner.sim.schema import SchemaRegistry
+
+IDENT = m.Identity(user="Alice.Smith", server="gpu", slug="alice-smith---1234abcd--gpu", user_slug="alice-smith---1234abcd",
+                   server_slug="gpu", namespace="notebook-alice-smith---1234abcd",
+                   vm="alice-smith---1234abcd--gpu-workstation", rootdisk="alice-smith---1234abcd--gpu-rootdisk",
+                   workspace="alice-smith---1234abcd--gpu-workspace", secret="alice-smith---1234abcd--gpu-hub-env",
+                   service="alice-smith---1234abcd--gpu-notebook")
+GPU_SPEC = m.MachineSpec(
+    cpu="8", memory="64Gi", memory_guest="64Gi", gpus=(("nvidia.com/A100-PCIE-40GB", 2),),
+    node_selector={"workload.example.com/kubevirt": "true"},
+    tolerations=({"key": "workload.example.com/kubevirt", "operator": "Equal", "value": "true",
+                  "effect": "NoSchedule"},),
+    affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "accelerator.example.com/mode", "operator": "In", "values": ["vfio"]}]}]}}},
+    root_disk_size="150Gi", workspace_disk_size="100Gi", profile="gpu-a100-2", profile_version="3")
+ENV = {"JUPYTERHUB_API_TOKEN": "secret-token-123", "JUPYTERHUB_USER": "Alice.Smith"}
+
+
+@pytest.fixture(scope="module")
+def schemas():
+    return SchemaRegistry()
+
+
+def all_objects():
+    return {"vm": m.virtual_machine(IDENT, GPU_SPEC), "rootdisk": m.root_datavolume(IDENT, GPU_SPEC),
+            "workspace": m.workspace_datavolume(IDENT, GPU_SPEC), "service": m.service(IDENT, GPU_SPEC),
+            "secret": m.env_secret(IDENT, ENV, ["--debug"]), "namespace": m.namespace(IDENT)}
+
+
+@pytest.mark.parametrize("which", ["vm", "rootdisk", "workspace"])
+def test_kubevirt_and_cdi_objects_validate_against_upstream_schemas(schemas, which):
+    obj = all_objects()[which]
+    schema = schemas.for_kind(obj["kind"])
+    assert schema.errors(obj) == []
+    assert schema.unknown_fields(obj) == []
+
+
+@pytest.mark.parametrize("which,model", [("service", client.V1Service), ("secret", client.V1Secret),
+                                         ("namespace", client.V1Namespace)])
+def test_core_objects_are_valid_kubernetes_models(which, model):
+    obj = all_objects()[which]
+    parsed = model.from_dict(obj)  # refuses wrong types
+    # A round trip drops fields the model does not know: nothing may get lost.
+    assert client.ApiClient().sanitize_for_serialization(parsed) == obj
+
+
+def test_every_object_carries_owner_labels_and_raw_names():
+    for which, obj in all_objects().items():
+        meta = obj["metadata"]
+        assert meta["labels"]["app.kubernetes.io/managed-by"] == "kubevirt-spawner"
+        assert meta["labels"][m.LABEL_USER] == IDENT.user_slug
+        assert meta["annotations"][m.ANNOTATION_USERNAME] == "Alice.Smith"
+        if which != "namespace":
+            assert meta["labels"][m.LABEL_WORKSTATION] == IDENT.slug
+            assert meta["annotations"][m.ANNOTATION_SERVERNAME] == "gpu"
+
+
+def test_root_disk_is_a_standalone_block_clone_of_the_golden_image():
+    dv = m.root_datavolume(IDENT, GPU_SPEC)
+    assert dv["spec"]["source"] == {"pvc": {"namespace": "vm-images", "name": "ubuntu-24-04-cuda-golden"}}
+    assert dv["spec"]["storage"] == {"storageClassName": "ceph-rbd", "accessModes": ["ReadWriteOnce"],
+                                     "volumeMode": "Block", "resources": {"requests": {"storage": "150Gi"}}}
+    assert "ownerReferences" not in dv["metadata"]
+    assert "dataVolumeTemplates" not in m.virtual_machine(IDENT, GPU_SPEC)["spec"]
+
+
+def test_vm_shape():
+    vm = m.virtual_machine(IDENT, GPU_SPEC)
+    assert vm["spec"]["runStrategy"] == "Halted"
+    t = vm["spec"]["template"]
+    spec = t["spec"]
+    assert t["metadata"]["labels"][m.LABEL_WORKSTATION] == IDENT.slug
+    assert spec["terminationGracePeriodSeconds"] == 120
+    assert spec["nodeSelector"] == {"workload.example.com/kubevirt": "true"}
+    assert spec["tolerations"][0]["key"] == "workload.example.com/kubevirt"
+    assert spec["affinity"]["nodeAffinity"]
+    dom = spec["domain"]
+    assert dom["memory"]["guest"] == "64Gi" and dom["resources"]["requests"] == {"cpu": "8", "memory": "64Gi"}
+    assert dom["devices"]["autoattachGraphicsDevice"] is False
+    assert [g["deviceName"] for g in dom["devices"]["gpus"]] == ["nvidia.com/A100-PCIE-40GB"] * 2
+    assert all(d["disk"]["bus"] == "virtio" for d in dom["devices"]["disks"])
+    iface = dom["devices"]["interfaces"][0]
+    assert "masquerade" in iface and {p["port"] for p in iface["ports"]} == {22, 8080, 8888}
+    vols = {v["name"]: v for v in spec["volumes"]}
+    assert vols["rootdisk"]["persistentVolumeClaim"]["claimName"] == IDENT.rootdisk
+    assert vols["workspace"]["persistentVolumeClaim"]["claimName"] == IDENT.workspace
+    ci = vols["cloudinit"]["cloudInitNoCloud"]
+    assert "enp1s0" in ci["networkData"] and "dhcp4: true" in ci["networkData"]
+    assert ci["secretRef"] == {"name": IDENT.secret}
+    assert vols["hubenv"]["secret"]["secretName"] == IDENT.secret
+    assert vm["metadata"]["annotations"][m.ANNOTATION_PROFILE] == "gpu-a100-2"
+    assert vm["metadata"]["annotations"][m.ANNOTATION_PROFILE_VERSION] == "3"
+
+
+def test_token_lives_in_the_secret_never_in_the_vm():
+    assert "secret-token-123" not in json.dumps(m.virtual_machine(IDENT, GPU_SPEC))
+    secret = m.env_secret(IDENT, ENV, ["--debug"])
+    data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    assert data["JUPYTERHUB_API_TOKEN"] == "secret-token-123"
+    assert json.loads(data["args.json"]) == ["--debug"]
+    assert data["userdata"].startswith("#cloud-config") and "qemu-guest-agent" in data["userdata"]
+
+
+def test_service_selects_only_the_running_machine():
+    svc = m.service(IDENT, GPU_SPEC)
+    assert svc["spec"]["selector"] == {m.LABEL_WORKSTATION: IDENT.slug, m.LABEL_COMPONENT: "workstation"}
+    vm_labels = m.virtual_machine(IDENT, GPU_SPEC)["spec"]["template"]["metadata"]["labels"]
+    assert all(vm_labels[k] == v for k, v in svc["spec"]["selector"].items())
+    dv_labels = m.root_datavolume(IDENT, GPU_SPEC)["metadata"]["labels"]
+    assert not all(dv_labels.get(k) == v for k, v in svc["spec"]["selector"].items())
+    assert {p["port"] for p in svc["spec"]["ports"]} == {22, 8080, 8888}
+
+
+def test_bad_environment_names_are_refused():
+    with pytest.raises(ValueError, match="BAD-NAME"):
+        m.env_secret(IDENT, {"BAD-NAME": "x"}, [])

@@ -1,0 +1,84 @@
+"""Profiles: choice, refusal of unknown or tampered options, the options form, config checks."""
+
+import pytest
+from traitlets import TraitError
+from traitlets.config import Config
+
+from kubevirt_spawner import profiles as prof
+from kubevirt_spawner.spawner import KubeVirtSpawner
+
+PROFILES = [
+    {"display_name": "CPU", "slug": "cpu", "default": True, "kubevirt_override": {"cpu_guarantee": 2}},
+    {"display_name": "GPU <A100>", "kubevirt_override": {"gpus": {"nvidia.com/A100-PCIE-40GB": 1}}, "version": "7"},
+]
+
+
+def test_normalise_fills_slug_and_version():
+    ps = prof.normalise(PROFILES)
+    assert [p["slug"] for p in ps] == ["cpu", "gpu-a100"]
+    assert ps[1]["version"] == "7"
+    assert ps[0]["version"] == prof.content_version({"cpu_guarantee": 2})
+    changed = prof.normalise([{**PROFILES[0], "kubevirt_override": {"cpu_guarantee": 4}}])
+    assert changed[0]["version"] != ps[0]["version"]
+
+
+def test_choose_default_known_unknown_and_tampered():
+    ps = prof.normalise(PROFILES)
+    assert prof.choose(ps, {})["slug"] == "cpu"
+    assert prof.choose(ps, {"profile": "gpu-a100"})["slug"] == "gpu-a100"
+    assert prof.choose(ps, {"profile": ["gpu-a100"]})["slug"] == "gpu-a100"
+    with pytest.raises(prof.ProfileError, match="Unknown profile 'tpu'. Choose one of: cpu, gpu-a100"):
+        prof.choose(ps, {"profile": "tpu"})
+    with pytest.raises(prof.ProfileError, match="Unsupported option.*cpu_guarantee"):
+        prof.choose(ps, {"profile": "cpu", "cpu_guarantee": 64})
+    with pytest.raises(prof.ProfileError, match="single name"):
+        prof.choose(ps, {"profile": {"slug": "cpu"}})
+    assert prof.choose([], {}) is None
+    with pytest.raises(prof.ProfileError, match="no profiles"):
+        prof.choose([], {"profile": "cpu"})
+
+
+def test_options_form_escapes_and_marks_the_choice():
+    ps = prof.normalise(PROFILES)
+    form = prof.options_form(ps)
+    assert 'value="cpu" checked' in form and "GPU &lt;A100&gt;" in form
+    assert 'value="gpu-a100" checked' in prof.options_form(ps, "gpu-a100")
+    assert prof.options_from_form({"profile": ["gpu-a100"]}) == {"profile": "gpu-a100"}
+
+
+@pytest.mark.parametrize("bad,message", [
+    ([{"slug": "x"}], "needs a display_name"),
+    ([{"display_name": "A", "slug": "a"}, {"display_name": "B", "slug": "a"}], "two profiles with the slug 'a'"),
+    ([{"display_name": "A", "kubevirt_override": {"cmd": ["sh"]}}], "cannot set cmd"),
+    ([{"display_name": "A", "default": True}, {"display_name": "B", "default": True}], "more than one"),
+])
+def test_bad_profile_lists_fail_at_start_up_naming_the_setting(bad, message):
+    c = Config()
+    c.KubeVirtSpawner.profile_list = bad
+    with pytest.raises(TraitError, match="KubeVirtSpawner.profile_list.*" + message):
+        KubeVirtSpawner(config=c)
+
+
+@pytest.mark.parametrize("setting,value,message", [
+    ("golden_image", "just-a-name", "golden_image = 'just-a-name'"),
+    ("root_disk_size", "big", "root_disk_size = 'big'"),
+    ("vm_name_template", "{user_server}_vm", "vm_name_template"),
+    ("service_name_template", "{nope}", "service_name_template"),
+    ("url_mode", "ingress", "url_mode"),
+    ("gpus", {"A100": 1}, "gpus"),
+    ("max_concurrent_clones", 0, "max_concurrent_clones"),
+])
+def test_bad_settings_fail_naming_the_setting(setting, value, message):
+    c = Config()
+    setattr(c.KubeVirtSpawner, setting, value)
+    with pytest.raises(TraitError, match=message):
+        KubeVirtSpawner(config=c)
+
+
+def test_profile_override_values_are_validated_like_settings():
+    c = Config()
+    c.KubeVirtSpawner.profile_list = [{"display_name": "Bad", "kubevirt_override": {"mem_guarantee": "lots"}}]
+    spawner = KubeVirtSpawner(config=c)
+    from kubevirt_spawner.workstation import WorkstationError
+    with pytest.raises(WorkstationError, match="invalid mem_guarantee"):
+        spawner._machine_spec(prof.normalise(c.KubeVirtSpawner.profile_list)[0])
