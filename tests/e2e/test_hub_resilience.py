@@ -1,0 +1,91 @@
+"""Hub crashes mid-start, and a node that stops answering: one disk, one attachment, clear words."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import Hub
+from simtools import wait_for
+
+
+@pytest.fixture(scope="module")
+def hub(e2e_sim, tmp_path_factory):
+    # A short poll interval so the hub notices a lost machine quickly.
+    h = Hub(tmp_path_factory.mktemp("hub"), e2e_sim, "c.KubeVirtSpawner.poll_interval = 1\n").start()
+    yield h
+    h.close()
+
+
+@pytest.fixture
+def slow(cluster):
+    """Make one step of the simulated cluster slow for a test, and restore it afterwards."""
+    saved = cluster.sim_api("GET", "/timing")["timing"]
+    yield lambda **delays: cluster.sim_api("PUT", "/timing", delays)
+    cluster.sim_api("PUT", "/timing", saved)
+
+
+def dv_phase(cluster, ns, name):
+    return next((dv.get("status", {}).get("phase") for dv in cluster.datavolumes(ns)
+                 if dv["metadata"]["name"] == name), None)
+
+
+def test_hub_crash_in_the_middle_of_a_clone_then_start_completes_with_one_disk(hub, cluster, slow):
+    slow(clone=300)  # 15 s at the e2e speed
+    assert hub.request_start("frank").status_code == 202
+    wait_for(lambda: dv_phase(cluster, "notebook-frank", "frank-rootdisk") == "CloneInProgress", 30,
+             what="clone in progress")
+    hub.restart(crash=True)
+    assert dv_phase(cluster, "notebook-frank", "frank-rootdisk") == "CloneInProgress"
+    slow(clone=40)
+    r = hub.request_start("frank")
+    assert r.status_code in (201, 202, 400), r.text  # 400: the new hub adopted the start already
+    hub.wait_ready("frank", timeout=120)
+    hub.write_file("frank", "home/frank/ok.txt", "ok")
+    assert [dv["metadata"]["name"] for dv in cluster.datavolumes("notebook-frank")] == ["frank-rootdisk"]
+    assert [p["metadata"]["name"] for p in cluster.pvcs("notebook-frank")] == ["frank-rootdisk"]
+    assert len(cluster.objects("kubevirt.io", "v1", "virtualmachines", "notebook-frank")) == 1
+    hub.stop_server("frank")
+
+
+def test_hub_crash_in_the_middle_of_a_boot_then_start_completes_with_one_disk(hub, cluster, slow):
+    slow(launch=200)  # 10 s from Scheduled to Running
+    assert hub.request_start("gina").status_code == 202
+    wait_for(lambda: (cluster.vmi("notebook-gina", "gina-workstation") or {}).get("status", {}).get("phase")
+             == "Scheduled", 60, what="VMI scheduled")
+    hub.restart(crash=True)
+    r = hub.request_start("gina")
+    assert r.status_code in (201, 202, 400), r.text
+    hub.wait_ready("gina", timeout=120)
+    hub.write_file("gina", "home/gina/ok.txt", "ok")
+    assert hub.read_file("gina", "home/gina/ok.txt") == "ok"
+    assert [dv["metadata"]["name"] for dv in cluster.datavolumes("notebook-gina")] == ["gina-rootdisk"]
+    assert len(cluster.objects("kubevirt.io", "v1", "virtualmachineinstances", "notebook-gina")) == 1
+    hub.stop_server("gina")
+
+
+def test_a_lost_node_blocks_the_start_until_it_is_fenced(hub, cluster):
+    hub.start_server("hana")
+    hub.write_file("hana", "home/hana/work.txt", "before the node died")
+    node = cluster.vmi("notebook-hana", "hana-workstation")["status"]["nodeName"]
+    cluster.sim_api("POST", f"/nodes/{node}/lose")
+    try:
+        wait_for(lambda: cluster.vmi("notebook-hana", "hana-workstation")["status"]["phase"] == "Unknown", 30,
+                 what="VMI Unknown")
+        # poll() reports the machine as not running ...
+        wait_for(lambda: hub.server_model("hana") is None, 30, what="hub notices the lost machine")
+        # ... and a start is refused, naming the node and what the admin must do.
+        r = hub.request_start("hana")
+        assert f"still attached to a machine on node {node}" in r.text, r.text
+        assert "confirms that" in r.text and "fenced" in r.text
+        assert cluster.vmi("notebook-hana", "hana-workstation")["status"]["nodeName"] == node
+
+        cluster.sim_api("POST", f"/nodes/{node}/fence")
+        hub.start_server("hana")
+        vmi = cluster.vmi("notebook-hana", "hana-workstation")
+        assert vmi["status"]["nodeName"] != node
+        assert hub.read_file("hana", "home/hana/work.txt") == "before the node died"
+        assert cluster.sim_api("GET", "/violations")["violations"] == []
+        assert [dv["metadata"]["name"] for dv in cluster.datavolumes("notebook-hana")] == ["hana-rootdisk"]
+        hub.stop_server("hana")
+    finally:
+        cluster.sim_api("POST", f"/nodes/{node}/recover")
