@@ -81,3 +81,29 @@ def render(template: str, what: str, *, service: bool = False, **fields: str) ->
         raise ValueError(f"{what} = {template!r} gives {name!r}, which is not a valid {kind} of at most "
                          f"63 characters")
     return name
+
+
+DEFAULT_TEMPLATES = {
+    "namespace": "notebook-{user}",
+    "vm": "{user_server}-workstation",
+    "rootdisk": "{user_server}-rootdisk",
+    "workspace": "{user_server}-workspace",
+    "secret": "{user_server}-hub-env",
+    "service": "{user_server}-notebook",
+}
+
+
+def identity(user: str, server: str = "", templates: dict[str, str] | None = None,
+             settings: dict[str, str] | None = None):
+    """The names of a new workstation's objects from the name templates ({user}, {server},
+    {user_server}). `settings` maps each template to its configuration key, for error messages."""
+    from .manifests import Identity  # names are the lower layer; Identity is only a record of them
+
+    templates = {**DEFAULT_TEMPLATES, **(templates or {})}
+    user_slug = safe_slug(user)
+    server_slug = safe_slug(server, SERVER_SLUG_MAX) if server else ""
+    slug = workstation_slug(user, server)
+    fields = {"user": user_slug, "server": server_slug, "user_server": slug}
+    rendered = {key: render(t, (settings or {}).get(key, key), service=key == "service", **fields) for key, t in templates.items()}
+    return Identity(user=user, server=server or "", slug=slug, user_slug=user_slug, server_slug=server_slug,
+                    **rendered)

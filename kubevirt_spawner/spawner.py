@@ -20,6 +20,8 @@ from . import profiles as prof
 from .reflector import Caches
 from .workstation import CloneGate, Settings, Workstation, WorkstationError, parse_quantity
 
+TEMPLATE_SETTINGS = {key: f"KubeVirtSpawner.{key}_name_template" for key in names.DEFAULT_TEMPLATES}
+TEMPLATE_SETTINGS["namespace"] = "KubeVirtSpawner.namespace_template"
 # Hub-wide shared state: one API client, one set of caches and one clone gate per cluster.
 _shared: dict[tuple, dict] = {}
 
@@ -169,14 +171,10 @@ class KubeVirtSpawner(Spawner):
 
     def check_config(self):
         """Fail early, naming the setting, on configuration that could never work."""
-        sample = {"user": "alice", "server": "gpu", "user_server": "alice--gpu"}
-        for trait in ("namespace_template", "vm_name_template", "rootdisk_name_template",
-                      "workspace_name_template", "secret_name_template", "service_name_template"):
-            try:
-                names.render(getattr(self, trait), f"KubeVirtSpawner.{trait}",
-                             service=trait == "service_name_template", **sample)
-            except ValueError as exc:
-                raise TraitError(str(exc)) from None
+        try:
+            names.identity("alice", "gpu", self._templates(), TEMPLATE_SETTINGS)
+        except ValueError as exc:
+            raise TraitError(str(exc)) from None
         if self.max_concurrent_clones < 1:
             raise TraitError("KubeVirtSpawner.max_concurrent_clones must be at least 1")
         if not callable(self.profile_list):
@@ -202,21 +200,13 @@ class KubeVirtSpawner(Spawner):
         return shared
 
     # ---------------------------------------------------------------- identity and spec
+    def _templates(self) -> dict[str, str]:
+        return {"namespace": self.namespace_template, "vm": self.vm_name_template,
+                "rootdisk": self.rootdisk_name_template, "workspace": self.workspace_name_template,
+                "secret": self.secret_name_template, "service": self.service_name_template}
+
     def _template_identity(self) -> m.Identity:
-        user_slug = names.safe_slug(self.user.name)
-        server_slug = names.safe_slug(self.name, names.SERVER_SLUG_MAX) if self.name else ""
-        slug = names.workstation_slug(self.user.name, self.name)
-        fields = {"user": user_slug, "server": server_slug, "user_server": slug}
-
-        def render(trait: str) -> str:
-            return names.render(getattr(self, trait), f"KubeVirtSpawner.{trait}",
-                                service=trait == "service_name_template", **fields)
-
-        return m.Identity(user=self.user.name, server=self.name or "", slug=slug, user_slug=user_slug,
-                          server_slug=server_slug, namespace=render("namespace_template"),
-                          vm=render("vm_name_template"), rootdisk=render("rootdisk_name_template"),
-                          workspace=render("workspace_name_template"), secret=render("secret_name_template"),
-                          service=render("service_name_template"))
+        return names.identity(self.user.name, self.name or "", self._templates(), TEMPLATE_SETTINGS)
 
     def _found_identity(self, caches: Caches) -> m.Identity | None:
         """The workstation's names as they are in the cluster (after a restart that lost the state)."""

@@ -207,8 +207,9 @@ class Workstation:
         try:
             self._refuse_double_attach()
             report(1, "Preparing your workstation")
+            new = self.vm is None
             await self._provision(report)
-            await self._write_env(env, args)
+            await self._write_env(env, args, new)
             await self._request_start(report)
             return await self._wait_ready(report, deadline)
         except BaseException as exc:
@@ -326,14 +327,16 @@ class Workstation:
                               {"spec": {"resources": {"requests": {"storage": wanted}}}})
         self.log.info("expanding %s from %s to %s", self.ident.rootdisk, current, wanted)
 
-    async def _write_env(self, env: dict[str, str], args: list[str]):
+    async def _write_env(self, env: dict[str, str], args: list[str], new: bool):
+        """One request: create the Secret for a new workstation, replace it for an existing one."""
         secret = m.env_secret(self.ident, env, args)
+        first, second = (self.kube.create, self.kube.replace) if new else (self.kube.replace, self.kube.create)
         try:
-            await self.kube.replace(k.SECRET, secret)
+            await first(k.SECRET, secret)
         except k.KubeError as err:
-            if not err.not_found:
+            if not (err.not_found or err.status == 409):
                 raise
-            await self.kube.create(k.SECRET, secret)
+            await second(k.SECRET, secret)
 
     async def _request_start(self, report: Report):
         ident = self.ident
@@ -356,7 +359,8 @@ class Workstation:
                 raise
             self.log.info("start of %s: %s (continuing)", ident.vm, err.message)
         # The cache must show the request before the waits can tell "not started yet" from "stopped".
-        await self.caches.wait_for(lambda: field_value(self.vm, "spec.runStrategy") != "Halted" or self.vmi)
+        await self.caches.wait_for(lambda: field_value(self.vm, "spec.runStrategy") not in (None, "Halted")
+                                   or self.vmi is not None)
 
     async def _wait_ready(self, report: Report, deadline: float) -> str:
         steps = _StartSteps(self, report)
@@ -396,7 +400,8 @@ class Workstation:
             await self.caches.wait_for(self._gone, 60)
 
     def _gone(self) -> bool:
-        return self.vmi is None or field_value(self.vmi, "status.phase") in FINAL_PHASES
+        """Stopped as far as the caches know: no VMI, and the VM no longer asks for one."""
+        return self.vmi is None and field_value(self.vm, "spec.runStrategy") in (None, "Halted")
 
     async def _stop_call(self, now: bool):
         try:
@@ -443,7 +448,7 @@ class _StartSteps:
         self.ws, self.report = ws, report
         self.last: tuple[int, str] | None = None
         self.waiting_for = "the workstation to start"
-        self.start_uid: str | None = None
+        self.start_seen = False
 
     def say(self, percent: int, message: str):
         if (percent, message) != self.last:
@@ -467,8 +472,9 @@ class _StartSteps:
             self.waiting_for = "the system disk clone to finish"
             self.say(5 + int(pct * 0.55), f"Cloning your system disk from {spec.golden_name}: {pct:.0f}%")
             return None
-        vm = ws.vm
-        if vm is not None and field_value(vm, "spec.runStrategy") == "Halted" and ws.vmi is None:
+        if ws.vmi is not None or field_value(ws.vm, "spec.runStrategy") not in (None, "Halted"):
+            self.start_seen = True
+        elif self.start_seen:  # running was asked for, and now it is not: someone stopped it
             raise WorkstationError("Your workstation was stopped while it was starting. Start it again.")
         vmi = ws.vmi
         if vmi is None or vmi["metadata"].get("deletionTimestamp"):

@@ -1,0 +1,236 @@
+"""The workstation lifecycle against the simulator, without a hub: request budgets, caches,
+concurrency, clone admission, GPUs, timeouts and profile changes."""
+
+from __future__ import annotations
+
+import asyncio
+import types
+
+import pytest
+import requests
+from traitlets.config import Config
+
+from kubevirt_spawner import kube as k
+from kubevirt_spawner import manifests as m
+from kubevirt_spawner import names, spawner as spawner_module
+from kubevirt_spawner.reflector import Caches
+from kubevirt_spawner.spawner import KubeVirtSpawner
+from kubevirt_spawner.workstation import CloneGate, Settings, Workstation, WorkstationError
+from simtools import start_sim
+
+GPU = "nvidia.com/A100-PCIE-40GB"
+GPU_PLACEMENT = dict(node_selector={"accelerator.example.com/mode": "vfio"},
+                     tolerations=({"key": "workload.example.com/kubevirt", "operator": "Exists",
+                                   "effect": "NoSchedule"},))
+WRITES = ("create", "update", "patch", "delete")
+
+
+@pytest.fixture(scope="module")
+def wsim(tmp_path_factory):
+    s = start_sim(tmp_path_factory.mktemp("ws"), guest_mode="null")
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+async def env(wsim):
+    kube = k.Kube(k.load_api_client(wsim.kubeconfig))
+    caches = Caches(kube, m.LABEL_WORKSTATION)
+    caches.start()
+    await caches.wait_synced(30)
+    yield types.SimpleNamespace(kube=kube, caches=caches, sim=wsim)
+    caches.stop()
+    kube.close()
+
+
+def sim_api(sim, method, path, body=None):
+    r = requests.request(method, f"{sim.url}/sim/v1{path}", json=body, timeout=30)
+    assert r.status_code < 400, r.text
+    return r.json()
+
+
+def counts(sim) -> dict:
+    return sim_api(sim, "GET", "/requests")["requests"]
+
+
+def diff(before: dict, after: dict) -> dict:
+    return {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+
+
+def writes(delta: dict) -> dict:
+    return {k: v for k, v in delta.items() if k.split()[0] in WRITES}
+
+
+def workstation(env, user, spec=None, **settings) -> Workstation:
+    settings.setdefault("url_mode", "cluster-ip")
+    return Workstation(env.kube, env.caches, names.identity(user), spec or m.MachineSpec(), Settings(**settings))
+
+
+async def test_first_start_resume_and_stop_use_few_requests(env):
+    ws = workstation(env, "rita")
+    before = counts(env.sim)
+    url = await ws.start({"JUPYTERHUB_API_TOKEN": "t1"}, [])
+    first = diff(before, counts(env.sim))
+    assert url.startswith("http://127.") and url.endswith(":8888")
+    assert writes(first) == {"create namespaces": 1, "create secrets": 1, "create datavolumes": 1,
+                             "create virtualmachines": 1, "create services": 1, "update virtualmachines/start": 1}
+    assert {k for k in first if k.startswith(("get", "list"))} == set()  # waits read the caches
+
+    before = counts(env.sim)
+    await ws.stop()
+    assert writes(diff(before, counts(env.sim))) == {"update virtualmachines/stop": 1}
+    assert ws.status() == "stopped" and ws.vm is not None and ws.rootdisk_pvc["status"]["phase"] == "Bound"
+
+    before = counts(env.sim)
+    await ws.start({"JUPYTERHUB_API_TOKEN": "t2"}, [])
+    resume = diff(before, counts(env.sim))
+    assert writes(resume) == {"update secrets": 1, "update virtualmachines/start": 1}
+    assert sum(writes(resume).values()) <= 3
+    await ws.stop()
+
+
+async def test_poll_reads_the_cache_only_and_waits_for_it_after_a_restart(env, wsim):
+    ws = workstation(env, "sam")
+    await ws.start({}, [])
+    c = Config()
+    c.KubeVirtSpawner.kubeconfig = wsim.kubeconfig
+    spawner_module._shared.clear()
+    # A fresh hub whose caches cannot list VMIs yet: poll must wait, not say "stopped".
+    sim_api(wsim, "PUT", "/faults/api", {"verb": "list", "resource": "virtualmachineinstances", "rate": 1,
+                                         "code": 500})
+    try:
+        spawner = KubeVirtSpawner(config=c, user=types.SimpleNamespace(name="sam", url="/user/sam/"))
+        spawner.load_state({"workstation": ws.ident.to_state()})
+        poll = asyncio.ensure_future(spawner.poll())
+        await asyncio.sleep(1.0)
+        assert not poll.done()
+    finally:
+        sim_api(wsim, "DELETE", "/faults/api")
+    assert await asyncio.wait_for(poll, 30) is None
+
+    before = counts(wsim)
+    for _ in range(50):
+        assert await spawner.poll() is None
+    # (a reflector may renew its watch meanwhile: that is background, not poll)
+    assert {k: v for k, v in diff(before, counts(wsim)).items() if not k.startswith("watch ")} == {}
+
+    # Lost state: the labels find the workstation again.
+    spawner2 = KubeVirtSpawner(config=c, user=types.SimpleNamespace(name="sam", url="/user/sam/"))
+    assert await spawner2.poll() is None
+    assert spawner2.get_state()["workstation"] == ws.ident.to_state()
+
+    await ws.stop()
+    hub_caches = spawner_module._shared[next(iter(spawner_module._shared))]["caches"]
+    await hub_caches.wait_for(lambda: hub_caches.vmis.get(ws.ident.namespace, ws.ident.vm) is None, 10)
+    assert await spawner.poll() == 0
+    for shared in spawner_module._shared.values():
+        shared["caches"].stop()
+    spawner_module._shared.clear()
+
+
+async def test_concurrent_starts_act_once(env):
+    a = workstation(env, "tom")
+    b = workstation(env, "tom")
+    before = counts(env.sim)
+    urls = await asyncio.gather(a.start({}, []), b.start({}, []))
+    assert urls[0] == urls[1]
+    w = writes(diff(before, counts(env.sim)))
+    assert w["create datavolumes"] == 1 and w["create virtualmachines"] == 1 and w["update virtualmachines/start"] == 1
+    await a.stop()
+
+
+async def test_clone_admission_queues_starts_beyond_the_limit(env):
+    gate = CloneGate(limit=2)
+    messages: dict[str, list[str]] = {}
+    most = 0
+
+    def running_clones():
+        return sum(1 for dv in env.caches.dvs.values() if dv["metadata"]["namespace"].startswith("notebook-q")
+                   and (dv.get("status") or {}).get("phase") not in ("Succeeded", "Failed"))
+
+    async def watch():
+        nonlocal most
+        while True:
+            most = max(most, running_clones())
+            await env.caches.next_change(1)
+
+    watcher = asyncio.ensure_future(watch())
+    users = [f"q{i}" for i in range(5)]
+    wss = [workstation(env, u, clone_gate=gate) for u in users]
+    await asyncio.gather(*(ws.start({}, [], lambda p, msg, u=u: messages.setdefault(u, []).append(msg))
+                           for ws, u in zip(wss, users)))
+    watcher.cancel()
+    assert most <= 2
+    queued = [msg for u in users for msg in messages[u] if msg.startswith("Queued for disk clone:")]
+    assert any("Queued for disk clone: 2 ahead" in q or "Queued for disk clone: 3 ahead" in q for q in queued), queued
+    await asyncio.gather(*(ws.stop(now=True) for ws in wss))
+
+
+async def test_no_free_gpu_fail_fast_explains_and_leaves_nothing_running(env):
+    holder = workstation(env, "uma", m.MachineSpec(gpus=((GPU, 2),), **GPU_PLACEMENT))
+    await holder.start({}, [])
+    ws = workstation(env, "vic", m.MachineSpec(gpus=((GPU, 1),), **GPU_PLACEMENT), gpu_unavailable="fail")
+    with pytest.raises(WorkstationError, match=f"No {GPU} is free right now"):
+        await ws.start({}, [])
+    assert ws.vmi is None and ws.vm["spec"]["runStrategy"] == "Halted"
+
+    waiting = workstation(env, "vic", m.MachineSpec(gpus=((GPU, 1),), **GPU_PLACEMENT), start_timeout=3)
+    seen = []
+    with pytest.raises(WorkstationError, match=f"did not start within 3 seconds while waiting for a free {GPU}"):
+        await waiting.start({}, [], lambda p, msg: seen.append(msg))
+    assert f"Waiting for a node with a free {GPU}: all are in use" in seen
+    await env.caches.wait_for(lambda: waiting.vmi is None, 10)
+    assert waiting.vm["spec"]["runStrategy"] == "Halted"
+    await holder.stop()
+    await waiting.start({}, [])  # the GPU is free again
+    await waiting.stop()
+
+
+async def test_profile_changes_update_a_stopped_vm_and_grow_but_never_shrink_the_disk(env):
+    ws = workstation(env, "wes", m.MachineSpec(cpu="2", root_disk_size="60Gi"))
+    await ws.start({}, [])
+    await ws.stop()
+    bigger = workstation(env, "wes", m.MachineSpec(cpu="4", memory="8Gi", root_disk_size="80Gi", profile="big",
+                                                   profile_version="2"))
+    await bigger.start({}, [])
+    vm = bigger.vm
+    assert vm["spec"]["template"]["spec"]["domain"]["resources"]["requests"] == {"cpu": "4", "memory": "8Gi"}
+    assert vm["metadata"]["annotations"][m.ANNOTATION_PROFILE_VERSION] == "2"
+    assert bigger.rootdisk_pvc["spec"]["resources"]["requests"]["storage"] == "80Gi"
+    await bigger.stop()
+    smaller = workstation(env, "wes", m.MachineSpec(root_disk_size="70Gi"))
+    with pytest.raises(WorkstationError, match="disks can grow but never shrink"):
+        await smaller.start({}, [])
+    assert smaller.rootdisk_pvc["spec"]["resources"]["requests"]["storage"] == "80Gi"
+    assert smaller.vmi is None
+
+
+async def test_a_missing_root_disk_is_reported_never_silently_recreated(env):
+    ws = workstation(env, "xena")
+    await ws.start({}, [])
+    await ws.stop()
+    await env.kube.delete(k.DV, ws.ident.namespace, ws.ident.rootdisk)
+    await env.caches.wait_for(lambda: ws.rootdisk is None and ws.rootdisk_pvc is None, 20)
+    before = counts(env.sim)
+    with pytest.raises(WorkstationError, match="Your system disk .* is missing"):
+        await ws.start({}, [])
+    assert "create datavolumes" not in diff(before, counts(env.sim))
+
+
+async def test_a_clone_that_fails_is_explained(env):
+    sim_api(env.sim, "POST", "/clones/fail-next", {"count": 1})
+    ws = workstation(env, "yuri")
+    with pytest.raises(WorkstationError, match="Cloning your system disk from ubuntu-24-04-cuda-golden failed"):
+        await ws.start({}, [])
+    assert ws.vmi is None
+
+
+async def test_an_object_of_someone_else_is_never_adopted(env):
+    ident = names.identity("zoe")
+    await env.kube.create_or_get(k.NAMESPACE, {"metadata": {"name": ident.namespace}})
+    await env.kube.create(k.SERVICE, {"metadata": {"name": ident.service, "namespace": ident.namespace},
+                                      "spec": {"ports": [{"port": 80}]}})
+    ws = workstation(env, "zoe")
+    with pytest.raises(WorkstationError, match=f"Service {ident.namespace}/{ident.service} already exists and does "
+                                               "not belong to this workstation"):
+        await ws.start({}, [])
