@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import threading
-import time
 
 from simtools import wait_for
 
@@ -14,6 +15,13 @@ MACHINE_PATHS = ["etc/workstation.conf", "opt/conda/envs/torch/marker.txt", "usr
 
 def test_files_survive_stop_and_start_and_a_stopped_gpu_is_free_for_others(hub, cluster):
     hub.start_server("alice", profile="gpu-a100-2")  # both A100s of the GPU node
+    # The guest gets JupyterHub's environment through the Secret; the token is never in the VM.
+    secret = cluster.core.read_namespaced_secret("alice-hub-env", "notebook-alice")
+    env = {k: base64.b64decode(v).decode() for k, v in secret.data.items()}
+    assert env["JUPYTERHUB_SERVICE_URL"] == "http://0.0.0.0:8888/user/alice/"
+    assert env["JUPYTERHUB_USER"] == "alice" and len(env["JUPYTERHUB_API_TOKEN"]) >= 32
+    assert env["JUPYTERHUB_API_TOKEN"] not in json.dumps(cluster.vm("notebook-alice", "alice-workstation"))
+    first_token = env["JUPYTERHUB_API_TOKEN"]
     for path in MACHINE_PATHS:
         hub.write_file("alice", path, f"alice wrote {path}")
 
@@ -42,6 +50,8 @@ def test_files_survive_stop_and_start_and_a_stopped_gpu_is_free_for_others(hub, 
     messages = [e["message"] for e in bob_events]
     assert any(m.startswith("Cloning your system disk from ubuntu-24-04-cuda-golden:") for m in messages)
     assert any(m == "Guest agent connected" for m in messages) and any(m == "Starting Jupyter" for m in messages)
+    # The cluster's own words about why bob waited are in his progress stream too.
+    assert any(m.startswith("FailedScheduling: ") and GPU in m for m in messages), messages
     assert all(0 <= e["progress"] <= 100 for e in bob_events)
     hub.stop_server("bob")
 
@@ -52,6 +62,8 @@ def test_files_survive_stop_and_start_and_a_stopped_gpu_is_free_for_others(hub, 
 
     # alice comes back with one GPU: the same machine, with everything she installed.
     hub.start_server("alice", profile="gpu-a100-1")
+    secret = cluster.core.read_namespaced_secret("alice-hub-env", "notebook-alice")
+    assert base64.b64decode(secret.data["JUPYTERHUB_API_TOKEN"]).decode() != first_token  # a new token every start
     for path in MACHINE_PATHS:
         assert hub.read_file("alice", path) == f"alice wrote {path}"
     vm = cluster.vm("notebook-alice", "alice-workstation")

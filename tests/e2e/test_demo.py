@@ -1,0 +1,85 @@
+"""`kubevirt-spawner demo`: one command brings up the simulator, proxy and hub; Ctrl-C stops it all."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import requests
+
+from kubevirt_spawner.demo import free_port
+from simtools import wait_for
+
+
+def children_of(pid: int) -> set[int]:
+    """Every descendant process of `pid` (from /proc)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_demo_runs_a_workstation_and_stops_everything_on_ctrl_c(tmp_path):
+    port = free_port()
+    state = tmp_path / "demo"
+    proc = subprocess.Popen([sys.executable, "-m", "kubevirt_spawner.cli", "demo", "--state", str(state),
+                             "--port", str(port), "--speed", "20"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        info_file = state / "demo.json"
+        wait_for(lambda: info_file.exists() or proc.poll() is not None, 90, 0.2, "demo.json")
+        assert proc.poll() is None, proc.stdout.read()
+        info = json.loads(info_file.read_text())
+        assert info["url"] == f"http://127.0.0.1:{port}" and os.path.exists(info["kubeconfig"])
+
+        # Log in like a person: the documented password works, a wrong one does not.
+        web = requests.Session()
+        login = f"{info['url']}/hub/login"
+        web.get(login, timeout=30)
+        bad = web.post(login, data={"username": "ada", "password": "nope", "_xsrf": web.cookies.get("_xsrf")},
+                       timeout=30, allow_redirects=False)
+        assert bad.status_code == 403
+        ok = web.post(login, data={"username": "ada", "password": info["password"],
+                                   "_xsrf": web.cookies.get("_xsrf")}, timeout=30, allow_redirects=False)
+        assert ok.status_code == 302
+
+        api = requests.Session()
+        api.headers["Authorization"] = f"token {info['admin_token']}"
+        assert api.post(f"{info['url']}/hub/api/users/ada/server", json={}, timeout=60).status_code in (201, 202)
+        wait_for(lambda: api.get(f"{info['url']}/hub/api/users/ada", timeout=30).json()["servers"].get("", {})
+                 .get("ready"), 90, 0.3, "ada's server")
+        r = api.get(f"{info['url']}/user/ada/api/contents/etc/os-release", timeout=30)
+        assert r.status_code == 200 and "Ubuntu" in r.json()["content"]
+
+        family = children_of(proc.pid)
+        assert len(family) >= 3  # hub, proxy, ada's guest
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out
+        assert "stopping the demo" in out
+        time.sleep(0.5)
+        assert [p for p in family if alive(p)] == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
