@@ -160,8 +160,9 @@ class Kube:
             log.info("%s %s failed (%s); retry %d in %.1fs", method, path, err, attempt, delay)
             time.sleep(delay)
 
-    def stream_lines(self, path: str, query: dict, timeout) -> Iterator[dict]:
-        """A watch: one decoded event per line. Errors surface as KubeError."""
+    def stream_lines(self, path: str, query: dict, timeout, on_open=None) -> Iterator[dict]:
+        """A watch: one decoded event per line. Errors surface as KubeError. `on_open` gets the
+        open response, so another thread can close it to end the watch."""
         try:
             raw = self._send("GET", path, query, None, None, timeout, stream=True)
         except ApiException as exc:
@@ -169,6 +170,8 @@ class Kube:
                               else exc.body or b"", exc.reason or "") from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise KubeError(0, "ConnectionError", f"cannot reach the API server: {exc}") from None
+        if on_open is not None:
+            on_open(raw)
         try:
             if raw.status >= 400:
                 raise _error_from(raw.status, raw.read(), raw.reason or "")

@@ -41,6 +41,7 @@ class Reflector:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._response = None
 
     def start(self, loop: asyncio.AbstractEventLoop):
         self._loop = loop
@@ -49,6 +50,13 @@ class Reflector:
 
     def stop(self):
         self._stopping.set()
+        response = self._response
+        if response is not None:
+            try:
+                # shutdown() (not close()) is the thread-safe way to end a blocked read now.
+                getattr(response, "shutdown", response.close)()
+            except Exception:  # a response that is already closed or broken
+                log.debug("closing the %s watch failed", self.kind.plural, exc_info=True)
 
     def get(self, namespace: str, name: str) -> dict | None:
         return self.objects.get((namespace, name))
@@ -91,6 +99,8 @@ class Reflector:
                 failures = 0
                 self._follow(version)
             except k.KubeError as err:
+                if self._stopping.is_set():
+                    return
                 failures += 1
                 delay = min(0.5 * 2 ** min(failures, 6), 30.0) * (0.5 + random.random() / 2)
                 level = logging.DEBUG if err.status == 410 else logging.WARNING
@@ -99,6 +109,8 @@ class Reflector:
                     delay = 0
                 self._stopping.wait(delay)
             except Exception:  # never let the cache die silently
+                if self._stopping.is_set():
+                    return
                 log.exception("watch of %s failed", self.kind.plural)
                 self._stopping.wait(5)
 
@@ -107,7 +119,9 @@ class Reflector:
         while not self._stopping.is_set():
             query = {**self._query(), "watch": "1", "resourceVersion": version,
                      "timeoutSeconds": str(random.randint(240, 360))}
-            for event in self.kube.stream_lines(self.kind.path(self.namespace), query, (10, 400)):
+            lines = self.kube.stream_lines(self.kind.path(self.namespace), query, (10, 400),
+                                           on_open=lambda raw: setattr(self, "_response", raw))
+            for event in lines:
                 if self._stopping.is_set():
                     return
                 obj = event.get("object") or {}
