@@ -2,7 +2,7 @@
 # Set up (idempotently) and run every test. Used by the README's quick start and by .ci/run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -m pip install --quiet --disable-pip-version-check -e '.[test]'
+./scripts/setup.sh
 if ! command -v kubectl >/dev/null 2>&1; then
   echo "kubectl is needed by the kubectl contract tests; install kubectl 1.32" >&2
   exit 1

@@ -1,0 +1,66 @@
+"""Production JupyterHub config: the hub runs in a pod of the cluster (Zero-to-JupyterHub style)
+and gives every user a KubeVirt workstation. Environment it reads:
+
+  HUB_NAMESPACE       namespace of the hub pod (the Service `hub` there is how guests reach it)
+  GOLDEN_IMAGE        golden image PVC as namespace/name (default vm-images/ubuntu-24-04-cuda-golden)
+  STORAGE_CLASS       RBD StorageClass (default ceph-rbd)
+
+The hub's ServiceAccount needs the RBAC in deploy/ (VMs, VMIs, DataVolumes, PVCs, Services,
+Secrets, Namespaces, Events, and the KubeVirt start/stop/restart subresources).
+Authentication is site-specific: set c.JupyterHub.authenticator_class below.
+"""
+
+import os
+
+c = get_config()  # noqa: F821 (provided by JupyterHub)
+hub_namespace = os.environ.get("HUB_NAMESPACE", "jupyterhub")
+
+# --- hub and proxy, as in Zero-to-JupyterHub: the proxy runs in its own pod
+c.JupyterHub.ip = "0.0.0.0"
+c.JupyterHub.hub_ip = "0.0.0.0"
+c.JupyterHub.hub_connect_url = f"http://hub.{hub_namespace}.svc.cluster.local:8081"
+c.ConfigurableHTTPProxy.should_start = False
+c.ConfigurableHTTPProxy.api_url = f"http://proxy-api.{hub_namespace}.svc.cluster.local:8001"
+c.JupyterHub.cleanup_servers = False  # workstations keep running across hub restarts and upgrades
+c.JupyterHub.allow_named_servers = True
+c.JupyterHub.named_server_limit_per_user = 3
+c.JupyterHub.db_url = "sqlite:////srv/jupyterhub/jupyterhub.sqlite"
+c.JupyterHub.cookie_secret_file = "/srv/jupyterhub/jupyterhub_cookie_secret"
+# c.JupyterHub.authenticator_class = "generic-oauth"  # your identity provider
+
+# --- the spawner
+c.JupyterHub.spawner_class = "kubevirt"
+c.KubeVirtSpawner.kubeconfig = None  # in-cluster ServiceAccount
+c.KubeVirtSpawner.url_mode = "dns"
+c.KubeVirtSpawner.namespace_template = "notebook-{user}"
+c.KubeVirtSpawner.golden_image = os.environ.get("GOLDEN_IMAGE", "vm-images/ubuntu-24-04-cuda-golden")
+c.KubeVirtSpawner.storage_class = os.environ.get("STORAGE_CLASS", "ceph-rbd")
+c.KubeVirtSpawner.root_disk_size = "150Gi"
+c.KubeVirtSpawner.workspace_disk_size = "100Gi"
+c.KubeVirtSpawner.termination_grace_period = 120
+c.KubeVirtSpawner.max_concurrent_clones = 4
+c.KubeVirtSpawner.gpu_unavailable = "wait"
+c.KubeVirtSpawner.retention_days = 30
+c.KubeVirtSpawner.start_timeout = 1800  # a first start clones 150 GiB
+c.KubeVirtSpawner.http_timeout = 300
+c.KubeVirtSpawner.args = ["--ContentsManager.allow_hidden=True"]
+c.KubeVirtSpawner.server_token_scopes = ["users:activity!user", "access:servers!server"]
+
+vm_nodes = {
+    "node_selector": {"workload.example.com/kubevirt": "true"},
+    "tolerations": [{"key": "workload.example.com/kubevirt", "operator": "Equal", "value": "true",
+                     "effect": "NoSchedule"}],
+}
+gpu_nodes = {
+    "node_selector": {"workload.example.com/kubevirt": "true", "accelerator.example.com/mode": "vfio"},
+    "tolerations": vm_nodes["tolerations"],
+}
+c.KubeVirtSpawner.profile_list = [
+    {"display_name": "Workstation: 4 CPUs, 16 GiB", "slug": "cpu-4", "default": True, "version": "1",
+     "description": "CPU-only machine for notebooks, builds and data preparation.",
+     "kubevirt_override": {"cpu_guarantee": 4, "mem_guarantee": "16G", **vm_nodes}},
+    {"display_name": "GPU workstation: 1x A100 40GB, 8 CPUs, 64 GiB", "slug": "gpu-a100-1", "version": "1",
+     "description": "One NVIDIA A100 passed through to the VM (VFIO).",
+     "kubevirt_override": {"cpu_guarantee": 8, "mem_guarantee": "64G",
+                           "gpus": {"nvidia.com/A100-PCIE-40GB": 1}, **gpu_nodes}},
+]

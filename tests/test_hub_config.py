@@ -1,0 +1,34 @@
+"""Both hub configs load and give a spawner that passes its own configuration checks."""
+
+from pathlib import Path
+
+from traitlets.config.loader import PyFileConfigLoader
+
+from kubevirt_spawner.spawner import KubeVirtSpawner
+
+HUB_CONFIG = Path(__file__).resolve().parents[1] / "hub-config"
+
+
+def load(name, env, monkeypatch):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return PyFileConfigLoader(name, path=str(HUB_CONFIG)).load_config()
+
+
+def test_production_config(monkeypatch):
+    c = load("jupyterhub_config.py", {"HUB_NAMESPACE": "hub-prod"}, monkeypatch)
+    assert c.JupyterHub.spawner_class == "kubevirt"
+    assert c.JupyterHub.hub_connect_url == "http://hub.hub-prod.svc.cluster.local:8081"
+    spawner = KubeVirtSpawner(config=c)
+    assert [p["slug"] for p in spawner._profiles()] == ["cpu-4", "gpu-a100-1"]
+    assert spawner.url_mode == "dns" and spawner.kubeconfig is None
+
+
+def test_local_demo_config(monkeypatch, tmp_path):
+    env = {"KUBEVIRT_DEMO_STATE": str(tmp_path), "KUBEVIRT_DEMO_PORT": "8000", "KUBEVIRT_DEMO_HUB_PORT": "8081",
+           "CONFIGPROXY_API_URL": "http://127.0.0.1:8001", "KUBEVIRT_DEMO_ADMIN_TOKEN": "x",
+           "KUBEVIRT_SPAWNER_KUBECONFIG": str(tmp_path / "kubeconfig"), "KUBEVIRT_DEMO_EXTRA_CONFIG": ""}
+    c = load("local_config.py", env, monkeypatch)
+    spawner = KubeVirtSpawner(config=c)
+    assert spawner.url_mode == "cluster-ip"
+    assert [p["slug"] for p in spawner._profiles()] == ["cpu", "gpu-a100-1", "gpu-a100-2"]
