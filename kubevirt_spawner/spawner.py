@@ -18,7 +18,8 @@ from . import manifests as m
 from . import names
 from . import profiles as prof
 from .reflector import Caches
-from .workstation import CloneGate, Settings, Workstation, WorkstationError, parse_quantity
+from .quantity import format_bytes, parse_quantity
+from .workstation import CloneGate, Settings, Workstation, WorkstationError
 
 TEMPLATE_SETTINGS = {key: f"KubeVirtSpawner.{key}_name_template" for key in names.DEFAULT_TEMPLATES}
 TEMPLATE_SETTINGS["namespace"] = "KubeVirtSpawner.namespace_template"
@@ -32,13 +33,6 @@ class SpawnError(RuntimeError):
     def __init__(self, message: str):
         super().__init__(message)
         self.jupyterhub_message = message
-
-
-def memory_quantity(n: int) -> str:
-    for unit, size in (("Gi", 2 ** 30), ("Mi", 2 ** 20), ("Ki", 2 ** 10)):
-        if n % size == 0:
-            return f"{n // size}{unit}"
-    return str(int(n))
 
 
 def cpu_quantity(cpu: float) -> str:
@@ -257,10 +251,10 @@ class KubeVirtSpawner(Spawner):
         golden = values["golden_image"]
         return m.MachineSpec(
             cpu=cpu_quantity(values["cpu_guarantee"] or values["cpu_limit"] or 1),
-            memory=memory_quantity(values["mem_guarantee"] or mem_limit),
+            memory=format_bytes(values["mem_guarantee"] or mem_limit),
             cpu_limit=cpu_quantity(values["cpu_limit"]) if values["cpu_limit"] else None,
-            memory_limit=memory_quantity(mem_limit) if mem_limit else None,
-            memory_guest=memory_quantity(guest),
+            memory_limit=format_bytes(mem_limit) if mem_limit else None,
+            memory_guest=format_bytes(guest),
             gpus=tuple(sorted((d, n) for d, n in values["gpus"].items() if n)),
             node_selector=dict(values["node_selector"]), tolerations=tuple(values["tolerations"]),
             affinity=dict(values["affinity"]) or None, golden_image=golden,

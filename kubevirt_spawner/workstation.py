@@ -8,7 +8,6 @@ one sentence that says what happened and what to do; the log has the details.
 from __future__ import annotations
 
 import asyncio
-import copy
 import hashlib
 import json
 import logging
@@ -19,6 +18,8 @@ from typing import Callable
 
 from . import kube as k
 from . import manifests as m
+from .objects import condition, field_value
+from .quantity import parse_quantity
 from .reflector import Caches
 
 log = logging.getLogger(__name__)
@@ -37,33 +38,6 @@ class WorkstationError(Exception):
 
 def _ignore_report(percent: int, message: str):
     pass
-
-
-def field_value(obj: dict | None, path: str):
-    cur = obj
-    for part in path.split("."):
-        if not isinstance(cur, dict):
-            return None
-        cur = cur.get(part)
-    return cur
-
-
-def condition(obj: dict | None, ctype: str) -> dict:
-    for c in field_value(obj, "status.conditions") or []:
-        if c.get("type") == ctype:
-            return c
-    return {}
-
-
-def parse_quantity(q: str) -> float:
-    """Bytes of a Kubernetes storage quantity such as `60Gi` or `1.5T`."""
-    units = {"Ki": 2 ** 10, "Mi": 2 ** 20, "Gi": 2 ** 30, "Ti": 2 ** 40, "Pi": 2 ** 50, "Ei": 2 ** 60,
-             "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
-    q = str(q).strip()
-    for suffix in sorted(units, key=len, reverse=True):
-        if q.endswith(suffix):
-            return float(q[: -len(suffix)]) * units[suffix]
-    return float(q)
 
 
 def spec_hash(vm: dict) -> str:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import requests
+
 from kubernetes import client, config
 
 from kubevirt_spawner.sim import SimulatorThread
@@ -31,3 +33,10 @@ def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05, what: str
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out waiting for {what} (last value: {last!r})")
+
+
+def sim_api(sim, method: str, path: str, body: dict | None = None) -> dict:
+    """A call to the simulator's /sim/v1 control API (faults, timing, request counts)."""
+    r = requests.request(method, f"{sim.url}/sim/v1{path}", json=body, timeout=30)
+    assert r.status_code < 400, r.text
+    return r.json()

@@ -7,7 +7,6 @@ import asyncio
 import types
 
 import pytest
-import requests
 from traitlets.config import Config
 
 from kubevirt_spawner import kube as k
@@ -16,7 +15,7 @@ from kubevirt_spawner import names, spawner as spawner_module
 from kubevirt_spawner.reflector import Caches
 from kubevirt_spawner.spawner import KubeVirtSpawner
 from kubevirt_spawner.workstation import CloneGate, Settings, Workstation, WorkstationError
-from simtools import start_sim
+from simtools import sim_api, start_sim
 
 GPU = "nvidia.com/A100-PCIE-40GB"
 GPU_PLACEMENT = dict(node_selector={"accelerator.example.com/mode": "vfio"},
@@ -41,12 +40,6 @@ async def env(wsim):
     yield types.SimpleNamespace(kube=kube, caches=caches, sim=wsim)
     caches.stop()
     kube.close()
-
-
-def sim_api(sim, method, path, body=None):
-    r = requests.request(method, f"{sim.url}/sim/v1{path}", json=body, timeout=30)
-    assert r.status_code < 400, r.text
-    return r.json()
 
 
 def counts(sim) -> dict:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from . import errors
-from .quantity import format_bytes, parse_quantity
+from ..quantity import format_bytes, parse_quantity
 from .resources import BY_KIND, ResourceType
 from .selectors import field_value
 

@@ -782,7 +782,7 @@ class Compute:
         claims = dict(claim_names(vmi.get("spec") or {}))
         pvc = self.store.get(PVC, ns, claims.get((field_value(vmi, "spec.domain.devices.disks") or [{}])[0]
                                                  .get("name"), ""))
-        from .quantity import parse_quantity
+        from ..quantity import parse_quantity
         total = int(parse_quantity(field_value(pvc, "status.capacity.storage") or "0")) if pvc else 0
         used = directory_size(root)
         return [{"diskName": "vda1", "mountPoint": "/", "fileSystemType": "ext4", "usedBytes": used,

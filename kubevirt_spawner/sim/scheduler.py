@@ -6,7 +6,7 @@ from collections import Counter
 from decimal import Decimal
 
 from .admission import gpu_requests
-from .quantity import parse_quantity
+from ..quantity import parse_quantity
 from .selectors import field_value
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Callable
 
+from ..objects import field_value  # noqa: F401 (the sim's modules import it from here)
 from .errors import bad_request
 
 Matcher = Callable[[dict], bool]
@@ -87,15 +88,6 @@ def match_labels_matcher(selector: dict | None) -> Matcher:
                 return False
         return True
     return test
-
-
-def field_value(obj: dict, path: str):
-    cur = obj
-    for part in path.split("."):
-        if not isinstance(cur, dict):
-            return None
-        cur = cur.get(part)
-    return cur
 
 
 def parse_field_selector(text: str | None) -> Matcher:

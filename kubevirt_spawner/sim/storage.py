@@ -12,7 +12,7 @@ import shutil
 from . import errors
 from .admission import admit
 from .compute import condition, set_condition
-from .quantity import parse_quantity
+from ..quantity import parse_quantity
 from .resources import BY_KIND
 from .selectors import field_value
 

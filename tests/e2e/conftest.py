@@ -12,7 +12,7 @@ import requests
 from kubernetes import client
 
 from kubevirt_spawner import demo
-from simtools import api_client, start_sim
+from simtools import api_client, sim_api, start_sim
 
 E2E_SPEED = 20.0
 
@@ -183,9 +183,7 @@ class Cluster:
         return json.loads(r.data)["items"]
 
     def sim_api(self, method: str, path: str, body: dict | None = None) -> dict:
-        r = requests.request(method, f"{self.sim.url}/sim/v1{path}", json=body, timeout=30)
-        assert r.status_code < 400, r.text
-        return r.json()
+        return sim_api(self.sim, method, path, body)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,18 @@
+"""Reading Kubernetes objects held as plain dicts."""
+
+from __future__ import annotations
+
+
+def field_value(obj: dict | None, path: str):
+    """The value at a dotted path such as `status.phase`, or None where any part is missing."""
+    cur = obj
+    for part in path.split("."):
+        if not isinstance(cur, dict):
+            return None
+        cur = cur.get(part)
+    return cur
+
+
+def condition(obj: dict | None, ctype: str) -> dict:
+    """The status condition of that type, or {} when there is none."""
+    return next((c for c in field_value(obj, "status.conditions") or [] if c.get("type") == ctype), {})
