@@ -64,3 +64,8 @@ c.KubeVirtSpawner.profile_list = [
      "kubevirt_override": {"cpu_guarantee": 8, "mem_guarantee": "64G",
                            "gpus": {"nvidia.com/A100-PCIE-40GB": 1}, **gpu_nodes}},
 ]
+
+# Last: a bad setting stops the hub here, with a message naming it.
+from kubevirt_spawner import KubeVirtSpawner  # noqa: E402
+
+KubeVirtSpawner.validate_config(c)

@@ -59,3 +59,8 @@ c.KubeVirtSpawner.profile_list = [
 # Tests (and curious users) can add settings without editing this file.
 if os.environ.get("KUBEVIRT_DEMO_EXTRA_CONFIG"):
     load_subconfig(os.environ["KUBEVIRT_DEMO_EXTRA_CONFIG"])  # noqa: F821
+
+# Last: a bad setting stops the hub here, with a message naming it.
+from kubevirt_spawner import KubeVirtSpawner  # noqa: E402
+
+KubeVirtSpawner.validate_config(c)

@@ -266,7 +266,8 @@ class KubeVirtSpawner(Spawner):
             extra_labels=dict(values["extra_labels"]), extra_annotations=dict(values["extra_annotations"]))
 
     # ---------------------------------------------------------------- options form
-    def _options_form_default(self):
+    @default("options_form")
+    def _default_options_form(self):
         return self._render_options_form
 
     def _render_options_form(self, spawner):
@@ -274,8 +275,15 @@ class KubeVirtSpawner(Spawner):
         current = (self.user_options or {}).get("profile")
         return prof.options_form(profiles, current)
 
-    def options_from_form(self, formdata):
-        return prof.options_from_form(formdata)
+    @default("options_from_form")
+    def _default_options_from_form(self):
+        return prof.options_from_form
+
+    @classmethod
+    def validate_config(cls, config):
+        """Check a hub's configuration now (call it last in jupyterhub_config.py): a bad setting
+        stops the hub at start-up with a message naming it, instead of failing a user's start."""
+        cls(config=config)
 
     # ---------------------------------------------------------------- state
     def get_state(self):

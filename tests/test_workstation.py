@@ -227,3 +227,36 @@ async def test_an_object_of_someone_else_is_never_adopted(env):
     with pytest.raises(WorkstationError, match=f"Service {ident.namespace}/{ident.service} already exists and does "
                                                "not belong to this workstation"):
         await ws.start({}, [])
+
+
+async def test_retire_deletes_the_machine_and_keeps_disks_and_snapshots(env):
+    from kubevirt_spawner.workstation import SNAPSHOT
+    ws = workstation(env, "ivy", m.MachineSpec(workspace_disk_size="10Gi"))
+    await ws.start({}, [])
+    await ws.stop()
+    snap = {"apiVersion": "snapshot.kubevirt.io/v1beta1", "kind": "VirtualMachineSnapshot",
+            "metadata": {"name": "ivy-before-upgrade", "namespace": ws.ident.namespace,
+                         "labels": m.labels(ws.ident, "snapshot")},
+            "spec": {"source": {"apiGroup": "kubevirt.io", "kind": "VirtualMachine", "name": ws.ident.vm}}}
+    await env.kube.create(SNAPSHOT, snap)
+    before = counts(env.sim)
+    kept = await ws.retire()
+    assert sorted(kept) == ["DataVolume/ivy-rootdisk", "DataVolume/ivy-workspace",
+                            "PersistentVolumeClaim/ivy-rootdisk", "PersistentVolumeClaim/ivy-workspace",
+                            "VirtualMachineSnapshot/ivy-before-upgrade"]
+    deleted = {key for key in diff(before, counts(env.sim)) if key.startswith("delete")}
+    assert deleted == {"delete virtualmachines", "delete services", "delete secrets"}
+    for kind, name in ((k.DV, "ivy-rootdisk"), (k.PVC, "ivy-workspace"), (SNAPSHOT, "ivy-before-upgrade")):
+        obj = await env.kube.get(kind, ws.ident.namespace, name)
+        assert obj["metadata"]["labels"][m.LABEL_RETAINED] == "true"
+        assert obj["metadata"]["annotations"][m.ANNOTATION_RETAIN_UNTIL] > "2026"
+    await env.caches.wait_for(lambda: ws.vm is None and ws.service is None, 10)
+
+    # The user comes back before the retention ends: the same disk, no longer marked as retained.
+    again = workstation(env, "ivy", m.MachineSpec(workspace_disk_size="10Gi"))
+    before = counts(env.sim)
+    await again.start({}, [])
+    assert "create datavolumes" not in diff(before, counts(env.sim))
+    dv = await env.kube.get(k.DV, ws.ident.namespace, "ivy-rootdisk")
+    assert m.LABEL_RETAINED not in dv["metadata"]["labels"]
+    await again.stop()

@@ -9,9 +9,12 @@ import subprocess
 import sys
 import time
 
+import pytest
 import requests
 
-from kubevirt_spawner.demo import free_port
+from conftest import Hub
+
+from kubevirt_spawner.demo import DemoError, free_port
 from simtools import wait_for
 
 
@@ -64,11 +67,22 @@ def test_demo_runs_a_workstation_and_stops_everything_on_ctrl_c(tmp_path):
                                    "_xsrf": web.cookies.get("_xsrf")}, timeout=30, allow_redirects=False)
         assert ok.status_code == 302
 
+        # The options form lists the profiles; submitting it starts the chosen one.
+        form = web.get(f"{info['url']}/hub/spawn", timeout=30)
+        assert form.status_code == 200
+        for slug in ("cpu", "gpu-a100-1", "gpu-a100-2"):
+            assert f'value="{slug}"' in form.text
+        assert "GPU workstation: 1x A100" in form.text
+        started = web.post(f"{info['url']}/hub/spawn", data={"profile": "cpu", "_xsrf": web.cookies.get("_xsrf")},
+                           timeout=60, allow_redirects=False)
+        assert started.status_code == 302, started.text
+
         api = requests.Session()
         api.headers["Authorization"] = f"token {info['admin_token']}"
-        assert api.post(f"{info['url']}/hub/api/users/ada/server", json={}, timeout=60).status_code in (201, 202)
         wait_for(lambda: api.get(f"{info['url']}/hub/api/users/ada", timeout=30).json()["servers"].get("", {})
                  .get("ready"), 90, 0.3, "ada's server")
+        assert api.get(f"{info['url']}/hub/api/users/ada", timeout=30).json()["servers"][""]["user_options"] == \
+            {"profile": "cpu"}
         r = api.get(f"{info['url']}/user/ada/api/contents/etc/os-release", timeout=30)
         assert r.status_code == 200 and "Ubuntu" in r.json()["content"]
 
@@ -83,3 +97,13 @@ def test_demo_runs_a_workstation_and_stops_everything_on_ctrl_c(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_bad_configuration_stops_the_hub_at_start_up_naming_the_setting(e2e_sim, tmp_path):
+    hub = Hub(tmp_path, e2e_sim, "c.KubeVirtSpawner.golden_image = 'golden'\n")
+    try:
+        with pytest.raises(DemoError, match="exited"):
+            hub.start()
+        assert "KubeVirtSpawner.golden_image = 'golden': give the golden image PVC as namespace/name" in hub.log()
+    finally:
+        hub.close()
