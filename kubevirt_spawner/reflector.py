@@ -31,9 +31,10 @@ def _key(obj: dict) -> tuple[str, str]:
 
 class Reflector:
     def __init__(self, kube: k.Kube, kind: k.Kind, on_change: Callable[[], None], namespace: str | None = None,
-                 label_selector: str | None = None, keep: Callable[[dict], bool] | None = None):
+                 label_selector: str | None = None, keep: Callable[[dict], bool] | None = None,
+                 field_selector: str | None = None):
         self.kube, self.kind, self.namespace = kube, kind, namespace
-        self.label_selector = label_selector
+        self.label_selector, self.field_selector = label_selector, field_selector
         self.keep = keep or (lambda obj: True)
         self.objects: dict[tuple[str, str], dict] = {}
         self.synced = False
@@ -87,7 +88,12 @@ class Reflector:
 
     # ------------------------------------------------ in the thread
     def _query(self) -> dict:
-        return {"labelSelector": self.label_selector} if self.label_selector else {}
+        query = {}
+        if self.label_selector:
+            query["labelSelector"] = self.label_selector
+        if self.field_selector:
+            query["fieldSelector"] = self.field_selector
+        return query
 
     def _run(self):
         failures = 0
@@ -153,7 +159,10 @@ class Caches:
         self.reflectors = [self.vms, self.vmis, self.dvs, self.pvcs, self.services]
         self.events = None
         if events:
-            self.events = Reflector(kube, k.EVENT, self._notify, namespace, None, keep=watched_event)
+            # Warnings only: they say why a start waits or fails, and they are a small share of a
+            # busy cluster's Events (which carry no labels to select ours by).
+            self.events = Reflector(kube, k.EVENT, self._notify, namespace, None, keep=watched_event,
+                                    field_selector="type=Warning")
             self.reflectors.append(self.events)
         self.started = False
 

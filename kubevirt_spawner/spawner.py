@@ -287,6 +287,8 @@ class KubeVirtSpawner(Spawner):
 
     # ---------------------------------------------------------------- state
     def get_state(self):
+        # The machine outlives its servers: JupyterHub's clear_state() between starts leaves these
+        # names alone, so a workstation keeps its objects for life.
         state = super().get_state()
         if self._ident is not None:
             state["workstation"] = self._ident.to_state()
@@ -296,10 +298,6 @@ class KubeVirtSpawner(Spawner):
         super().load_state(state)
         if state.get("workstation"):
             self._ident = m.Identity.from_state(state["workstation"])
-
-    def clear_state(self):
-        """The machine outlives its servers: its names are kept, only the session is cleared."""
-        super().clear_state()
 
     # ---------------------------------------------------------------- lifecycle
     def get_env(self):
@@ -351,8 +349,7 @@ class KubeVirtSpawner(Spawner):
                     if key in seen_events or stamp < self._start_began:
                         continue
                     seen_events.add(key)
-                    if ev.get("type") == "Warning" or ev.get("reason") in ("Scheduled", "Started"):
-                        yield {"progress": percent, "message": f"{ev.get('reason')}: {ev.get('message')}"}
+                    yield {"progress": percent, "message": f"{ev.get('reason')}: {ev.get('message')}"}
             if not self._starting:
                 return
             await caches.next_change()
