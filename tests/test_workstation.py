@@ -260,3 +260,19 @@ async def test_retire_deletes_the_machine_and_keeps_disks_and_snapshots(env):
     dv = await env.kube.get(k.DV, ws.ident.namespace, "ivy-rootdisk")
     assert m.LABEL_RETAINED not in dv["metadata"]["labels"]
     await again.stop()
+
+
+async def test_api_errors_and_throttling_are_retried(env):
+    sim_api(env.sim, "PUT", "/faults/api", {"verb": "create", "resource": "*", "rate": 0.25, "code": 500})
+    sim_api(env.sim, "PUT", "/faults/api", {"verb": "update", "resource": "*", "rate": 0.25, "code": 429})
+    try:
+        ws = workstation(env, "jay")
+        before = counts(env.sim)
+        await ws.start({}, [])
+        await ws.stop()
+    finally:
+        sim_api(env.sim, "DELETE", "/faults/api")
+    w = writes(diff(before, counts(env.sim)))
+    assert sum(w.values()) > 8  # some requests were answered with 500/429 and sent again
+    assert [dv["metadata"]["name"] for dv in env.caches.dvs.values() if dv["metadata"]["namespace"] == "notebook-jay"] \
+        == ["jay-rootdisk"]
