@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import requests
@@ -92,8 +91,7 @@ def test_demo_runs_a_workstation_and_stops_everything_on_ctrl_c(tmp_path):
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, out
         assert "stopping the demo" in out
-        time.sleep(0.5)
-        assert [p for p in family if alive(p)] == []
+        wait_for(lambda: not [p for p in family if alive(p)], 15, 0.2, "every process of the demo to exit")
     finally:
         if proc.poll() is None:
             proc.kill()
