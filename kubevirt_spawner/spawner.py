@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 
 from jupyterhub.spawner import Spawner
 from jupyterhub.traitlets import ByteSpecification
+from jupyterhub.utils import maybe_future
 from traitlets import Bool, Dict, Enum, Float, Integer, List, Unicode, Union, Callable, default, validate
 from traitlets import TraitError
 
@@ -378,6 +379,16 @@ class KubeVirtSpawner(Spawner):
             await ws.stop(now=now)
         except WorkstationError as exc:
             raise SpawnError(str(exc)) from exc
+
+    async def run_post_stop_hook(self):
+        """JupyterHub skips stop() when poll() already says "not running" (the guest powered off or
+        crashed, or its node was lost); halt the VM then, so it does not restart behind the hub."""
+        try:
+            ws = await self._workstation()
+            await ws.ensure_halted()
+        except Exception:
+            self.log.exception("could not make sure %s stays stopped", self._log_name)
+        return await maybe_future(super().run_post_stop_hook())
 
     async def delete_forever(self):
         ws = await self._workstation()

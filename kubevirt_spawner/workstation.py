@@ -377,6 +377,14 @@ class Workstation:
         """Stopped as far as the caches know: no VMI, and the VM no longer asks for one."""
         return self.vmi is None and field_value(self.vm, "spec.runStrategy") in (None, "Halted")
 
+    async def ensure_halted(self):
+        """Make sure the VM does not come back by itself (KubeVirt restarts a VM whose runStrategy
+        is Always when its guest powers off or crashes, or when a lost node is fenced)."""
+        await self.caches.wait_synced()
+        if self.vm is not None and field_value(self.vm, "spec.runStrategy") not in (None, "Halted"):
+            self.log.info("%s ended on its own (%s): setting it to Halted", self.ident.vm, self.status())
+            await self._stop_call(now=False)
+
     async def _stop_call(self, now: bool):
         try:
             await self.kube.vm_action(self.ident.namespace, self.ident.vm, "stop", {"gracePeriod": 0} if now else {})

@@ -71,8 +71,11 @@ def test_a_lost_node_blocks_the_start_until_it_is_fenced(hub, cluster):
     try:
         wait_for(lambda: cluster.vmi("notebook-hana", "hana-workstation")["status"]["phase"] == "Unknown", 30,
                  what="VMI Unknown")
-        # poll() reports the machine as not running ...
+        # poll() reports the machine as not running, and the VM is halted so that it cannot
+        # come back by itself once the node is fenced ...
         wait_for(lambda: hub.server_model("hana") is None, 30, what="hub notices the lost machine")
+        wait_for(lambda: cluster.vm("notebook-hana", "hana-workstation")["spec"]["runStrategy"] == "Halted", 30,
+                 what="VM halted")
         # ... and a start is refused, naming the node and what the admin must do.
         r = hub.request_start("hana")
         assert f"still attached to a machine on node {node}" in r.text, r.text
@@ -89,3 +92,4 @@ def test_a_lost_node_blocks_the_start_until_it_is_fenced(hub, cluster):
         hub.stop_server("hana")
     finally:
         cluster.sim_api("POST", f"/nodes/{node}/recover")
+
