@@ -93,17 +93,19 @@ class HubSettings:
 
     @classmethod
     def create(cls, state_dir: Path, kubeconfig: str, port: int = 0, extra_config: str | None = None):
-        """Ports and tokens; the tokens are kept in the state directory so they survive restarts."""
+        """Ports and tokens. They are kept in the state directory: running machines have the hub's
+        API URL in their environment, so the hub must come back at the same address."""
         state_dir.mkdir(parents=True, exist_ok=True)
-        secrets_file = state_dir / "demo-secrets.json"
-        if secrets_file.exists():
-            saved = json.loads(secrets_file.read_text())
+        saved_file = state_dir / "demo-settings.json"
+        if saved_file.exists():
+            saved = json.loads(saved_file.read_text())
         else:
-            saved = {"proxy_token": secrets.token_hex(32), "admin_token": secrets.token_hex(32)}
-            secrets_file.write_text(json.dumps(saved))
-            secrets_file.chmod(0o600)
-        return cls(state_dir, kubeconfig, port or free_port(), free_port(), free_port(), saved["proxy_token"],
-                   saved["admin_token"], extra_config)
+            saved = {"proxy_token": secrets.token_hex(32), "admin_token": secrets.token_hex(32),
+                     "hub_port": free_port(), "proxy_api_port": free_port()}
+            saved_file.write_text(json.dumps(saved))
+            saved_file.chmod(0o600)
+        return cls(state_dir, kubeconfig, port or free_port(), saved["hub_port"], saved["proxy_api_port"],
+                   saved["proxy_token"], saved["admin_token"], extra_config)
 
 
 def start_proxy(settings: HubSettings, log_path: Path) -> subprocess.Popen:
@@ -158,6 +160,7 @@ def run(state_dir: str, port: int = 8000, speed: float = 5.0) -> int:
         stop["now"] = True
 
     signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)  # also when started in the background, where SIGINT is ignored
     try:
         sim = SimulatorThread(str(state / "cluster"), speed=speed).start()
         settings = HubSettings.create(state, sim.kubeconfig, port)
@@ -183,6 +186,9 @@ def run(state_dir: str, port: int = 8000, speed: float = 5.0) -> int:
         print(f"kubevirt-spawner demo: {exc}", file=sys.stderr)
         return 2
     finally:
+        # A second Ctrl-C must not cut the clean-up short and leave processes behind.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         print("stopping the demo ...", flush=True)
         stop_process(hub)
         stop_process(proxy)

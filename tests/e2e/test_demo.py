@@ -42,17 +42,31 @@ def alive(pid: int) -> bool:
         return False
 
 
-def test_demo_runs_a_workstation_and_stops_everything_on_ctrl_c(tmp_path):
-    port = free_port()
-    state = tmp_path / "demo"
+def start_demo(state, port) -> tuple[subprocess.Popen, dict]:
+    info_file = state / "demo.json"
+    if info_file.exists():
+        info_file.unlink()
     proc = subprocess.Popen([sys.executable, "-m", "kubevirt_spawner.cli", "demo", "--state", str(state),
                              "--port", str(port), "--speed", "20"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_for(lambda: info_file.exists() or proc.poll() is not None, 90, 0.2, "demo.json")
+    assert proc.poll() is None, proc.stdout.read()
+    return proc, json.loads(info_file.read_text())
+
+
+def ctrl_c(proc) -> str:
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert "stopping the demo" in out
+    return out
+
+
+def test_demo_runs_a_workstation_and_stops_everything_on_ctrl_c(tmp_path):
+    port = free_port()
+    state = tmp_path / "demo"
+    proc, info = start_demo(state, port)
     try:
-        info_file = state / "demo.json"
-        wait_for(lambda: info_file.exists() or proc.poll() is not None, 90, 0.2, "demo.json")
-        assert proc.poll() is None, proc.stdout.read()
-        info = json.loads(info_file.read_text())
         assert info["url"] == f"http://127.0.0.1:{port}" and os.path.exists(info["kubeconfig"])
 
         # Log in like a person: the documented password works, a wrong one does not.
@@ -87,11 +101,16 @@ def test_demo_runs_a_workstation_and_stops_everything_on_ctrl_c(tmp_path):
 
         family = children_of(proc.pid)
         assert len(family) >= 3  # hub, proxy, ada's guest
-        proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=60)
-        assert proc.returncode == 0, out
-        assert "stopping the demo" in out
+        ctrl_c(proc)
         wait_for(lambda: not [p for p in family if alive(p)], 15, 0.2, "every process of the demo to exit")
+
+        # The next run resumes the same cluster: ada's machine boots again and the hub adopts it.
+        proc, info = start_demo(state, port)
+        wait_for(lambda: api.get(f"{info['url']}/hub/api/users/ada", timeout=30).json()["servers"].get("", {})
+                 .get("ready"), 90, 0.3, "ada's server after the restart")
+        r = api.get(f"{info['url']}/user/ada/api/contents/etc/os-release", timeout=30)
+        assert r.status_code == 200, r.text
+        ctrl_c(proc)
     finally:
         if proc.poll() is None:
             proc.kill()
