@@ -96,17 +96,28 @@ class Settings:
     clone_gate: CloneGate = field(default_factory=CloneGate)
 
 
-# One task per workstation and operation kind, so concurrent starts act once.
-_operations: dict[tuple[str, str, str], asyncio.Task] = {}
+# One task per workstation and operation kind, so concurrent starts act once; with its number of
+# waiters, so that the task is cancelled when the last one gives up (and not before).
+_operations: dict[tuple[str, str, str], list] = {}
 
 
 async def _once(key: tuple[str, str, str], factory):
-    task = _operations.get(key)
-    if task is None or task.done():
+    entry = _operations.get(key)
+    if entry is None or entry[0].done():
         task = asyncio.ensure_future(factory())
-        _operations[key] = task
-        task.add_done_callback(lambda t: _operations.pop(key, None) if _operations.get(key) is t else None)
-    return await asyncio.shield(task)
+        entry = _operations[key] = [task, 0]
+        task.add_done_callback(lambda t: _operations.pop(key, None) if _operations.get(key, [None])[0] is t
+                               else None)
+    task = entry[0]
+    entry[1] += 1
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        if entry[1] == 1 and not task.done():
+            task.cancel()  # the operation cleans up after itself (a start stops the VM again)
+        raise
+    finally:
+        entry[1] -= 1
 
 
 class Workstation:

@@ -276,3 +276,17 @@ async def test_api_errors_and_throttling_are_retried(env):
     assert sum(w.values()) > 8  # some requests were answered with 500/429 and sent again
     assert [dv["metadata"]["name"] for dv in env.caches.dvs.values() if dv["metadata"]["namespace"] == "notebook-jay"] \
         == ["jay-rootdisk"]
+
+
+async def test_a_cancelled_start_leaves_the_machine_stopped(env):
+    ws = workstation(env, "kim")
+    task = asyncio.ensure_future(ws.start({}, []))
+    await env.caches.wait_for(lambda: ws.rootdisk is not None, 20)  # mid-clone
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.sleep(0.5)  # would the start carry on behind our back?
+    assert ws.vmi is None and ws.vm["spec"]["runStrategy"] == "Halted"
+    await env.caches.wait_for(lambda: (ws.rootdisk.get("status") or {}).get("phase") == "Succeeded", 30)
+    await asyncio.sleep(0.5)
+    assert ws.vmi is None  # the finished clone does not boot a machine nobody asked for
