@@ -191,7 +191,14 @@ class Kube:
     async def call(self, method: str, path: str, query: dict | None = None, body=None,
                    content_type: str | None = None):
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, self.request, method, path, query, body, content_type)
+        future = loop.run_in_executor(self.executor, self.request, method, path, query, body, content_type)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            # A request on its way cannot be called back: let it land before the caller cleans
+            # up, so that (say) a stop after a cancelled start is not overtaken by the start.
+            await asyncio.wait([future])
+            raise
 
     async def get(self, kind: Kind, namespace: str | None, name: str) -> dict | None:
         """The object, or None when it does not exist."""
