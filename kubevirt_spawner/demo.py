@@ -181,7 +181,7 @@ def run(state_dir: str, port: int = 8000, speed: float = 5.0) -> int:
                     return 1
             time.sleep(0.5)
     except KeyboardInterrupt:
-        pass
+        print("interrupted", flush=True)
     except DemoError as exc:
         print(f"kubevirt-spawner demo: {exc}", file=sys.stderr)
         return 2

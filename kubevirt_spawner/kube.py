@@ -99,7 +99,7 @@ def load_api_client(kubeconfig: str | None = None, context: str | None = None) -
             config.load_incluster_config(client_configuration=cfg)
             return client.ApiClient(cfg)
         except config.ConfigException:
-            pass
+            log.debug("not in a pod: using the kubeconfig")
     config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
     return client.ApiClient(cfg)
 

@@ -216,7 +216,7 @@ class Caches:
         try:
             await asyncio.wait_for(self._changed.wait(), timeout)
         except asyncio.TimeoutError:
-            pass
+            return  # nothing changed: the caller looks again anyway
 
     async def wait_synced(self, timeout: float | None = None):
         await self.wait_for(lambda: self.synced, timeout)

@@ -37,7 +37,7 @@ class WorkstationError(Exception):
 
 
 def _ignore_report(percent: int, message: str):
-    pass
+    """The progress sink of callers that do not show progress."""
 
 
 def spec_hash(vm: dict) -> str:
