@@ -369,8 +369,7 @@ class Workstation:
     async def _stop(self, now: bool):
         ident = self.ident
         await self.caches.wait_synced()
-        if self.vm is None and self.vmi is None:
-            return
+        # Always ask: the cache may not show a VM we have just created (a stop after a failed start).
         await self._stop_call(now)
         if self.status() == "lost":
             # Halted now, so it does not come back by itself once the node is fenced.
