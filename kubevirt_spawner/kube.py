@@ -91,6 +91,11 @@ def _error_from(status: int, data: bytes, fallback: str = "") -> KubeError:
     return KubeError(status, fallback, text.strip() or fallback)
 
 
+def _error_from_exception(exc: ApiException) -> KubeError:
+    body = exc.body.encode() if isinstance(exc.body, str) else exc.body or b""
+    return _error_from(exc.status or 0, body, exc.reason or "")
+
+
 def load_api_client(kubeconfig: str | None = None, context: str | None = None) -> client.ApiClient:
     """In-cluster credentials when running in a pod without a kubeconfig, else the kubeconfig."""
     cfg = client.Configuration()
@@ -148,8 +153,7 @@ class Kube:
                         return None
                 err = _error_from(status, data, resp.reason or "")
             except ApiException as exc:
-                err = _error_from(exc.status or 0, (exc.body or "").encode() if isinstance(exc.body, str)
-                                  else exc.body or b"", exc.reason or "")
+                err = _error_from_exception(exc)
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 err = KubeError(0, "ConnectionError", f"cannot reach the API server: {exc}")
             if err.status not in RETRY_STATUS and err.status != 0:
@@ -166,8 +170,7 @@ class Kube:
         try:
             raw = self._send("GET", path, query, None, None, timeout, stream=True)
         except ApiException as exc:
-            raise _error_from(exc.status or 0, (exc.body or "").encode() if isinstance(exc.body, str)
-                              else exc.body or b"", exc.reason or "") from None
+            raise _error_from_exception(exc) from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise KubeError(0, "ConnectionError", f"cannot reach the API server: {exc}") from None
         if on_open is not None:

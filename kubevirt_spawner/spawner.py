@@ -159,6 +159,7 @@ class KubeVirtSpawner(Spawner):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._ident: m.Identity | None = None
+        self._current: Workstation | None = None
         self._progress: list[dict] = []
         self._start_began: str | None = None
         self._starting = False
@@ -227,7 +228,12 @@ class KubeVirtSpawner(Spawner):
                               or template.secret, service=service)
         return None
 
-    async def _workstation(self, profile: dict | None = None) -> Workstation:
+    async def _workstation(self, profile: dict | None = None, for_start: bool = False) -> Workstation:
+        """For a start, a workstation with the spec from the current settings and profile (hooks may
+        have changed them). Poll, stop and the like do not depend on the spec: they reuse the last
+        one (poll is hot)."""
+        if not for_start and self._current is not None:
+            return self._current
         shared = self._shared()
         caches = shared["caches"]
         if self._ident is None:
@@ -236,7 +242,8 @@ class KubeVirtSpawner(Spawner):
         settings = Settings(url_mode=self.url_mode, gpu_unavailable=self.gpu_unavailable,
                             start_timeout=max(1.0, self.start_timeout - 5), stop_timeout=self.stop_timeout,
                             retention_days=self.retention_days, clone_gate=shared["gate"])
-        return Workstation(shared["kube"], caches, self._ident, self._machine_spec(profile), settings)
+        self._current = Workstation(shared["kube"], caches, self._ident, self._machine_spec(profile), settings)
+        return self._current
 
     def _machine_spec(self, profile: dict | None) -> m.MachineSpec:
         values = {}
@@ -299,6 +306,7 @@ class KubeVirtSpawner(Spawner):
         super().load_state(state)
         if state.get("workstation"):
             self._ident = m.Identity.from_state(state["workstation"])
+            self._current = None
 
     # ---------------------------------------------------------------- lifecycle
     def get_env(self):
@@ -312,7 +320,7 @@ class KubeVirtSpawner(Spawner):
         self._starting = True
         try:
             profile = prof.choose(self._profiles(), self.user_options)
-            ws = await self._workstation(profile)
+            ws = await self._workstation(profile, for_start=True)
             self.ip, self.port = "0.0.0.0", m.JUPYTER_PORT
             env = self.get_env()
             self.log.info("starting %s/%s for %s (profile %s)", ws.ident.namespace, ws.ident.vm,

@@ -51,7 +51,7 @@ class CloneGate:
     def __init__(self, limit: int = 4):
         self.limit = limit
         self.queue: list[object] = []
-        self.admitted: dict[object, float] = {}
+        self.admitted: set[tuple[str, str]] = set()
 
     def running(self, caches: Caches) -> int:
         in_cluster = {(dv["metadata"]["namespace"], dv["metadata"]["name"]) for dv in caches.dvs.values()
@@ -76,13 +76,13 @@ class CloneGate:
                     last = (ahead, running)
                 await caches.wait_for(lambda a=ahead, r=running: (self.queue.index(key), self.running(caches))
                                       != (a, r))
-            self.admitted[key] = time.monotonic()
+            self.admitted.add(key)
         finally:
             self.queue.remove(key)
             caches.notify()  # the next in the queue may go now
 
     def release(self, key: tuple[str, str]):
-        self.admitted.pop(key, None)
+        self.admitted.discard(key)
 
 
 @dataclass
