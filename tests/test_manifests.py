@@ -7,7 +7,6 @@ import pytest
 from kubernetes import client
 
 from kubevirt_spawner import manifests as m
-from kubevirt_spawner.sim.schema import SchemaRegistry
 
 IDENT = m.Identity(user="Alice.Smith", server="gpu", slug="alice-smith---1234abcd--gpu", user_slug="alice-smith---1234abcd",
                    server_slug="gpu", namespace="notebook-alice-smith---1234abcd",
@@ -23,11 +22,6 @@ GPU_SPEC = m.MachineSpec(
         {"matchExpressions": [{"key": "accelerator.example.com/mode", "operator": "In", "values": ["vfio"]}]}]}}},
     root_disk_size="150Gi", workspace_disk_size="100Gi", profile="gpu-a100-2", profile_version="3")
 ENV = {"JUPYTERHUB_API_TOKEN": "secret-token-123", "JUPYTERHUB_USER": "Alice.Smith"}
-
-
-@pytest.fixture(scope="module")
-def schemas():
-    return SchemaRegistry()
 
 
 def all_objects():

@@ -10,8 +10,8 @@ import requests
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from simtools import start_sim, wait_for
 from kube_objects import CDI, KV, SNAP, clone_dv, vm
+from simtools import start_sim, wait_for
 
 
 def status_of(exc: ApiException) -> dict:
@@ -202,7 +202,7 @@ def test_finalizers_and_propagation(core, ns):
     assert "dep4" not in [c.metadata.name for c in core.list_namespaced_config_map(ns).items]
 
 
-def test_schema_validation_prunes_or_refuses_unknown_fields(custom, ns, sim):
+def test_schema_validation_prunes_or_refuses_unknown_fields(custom, ns, sim, schemas):
     bad = vm("typo", "disk")
     bad["spec"]["template"]["spec"]["domain"]["resources"]["requests"]["cpu"] = {"not": "a quantity"}
     with pytest.raises(ApiException) as e:

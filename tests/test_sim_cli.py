@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
 
+import pytest
 import requests
 import yaml
+
+from kube_objects import KV, vm
+from simtools import api_client, start_sim
 
 
 def test_sim_command_serves_and_writes_kubeconfig(tmp_path):
@@ -37,3 +42,30 @@ def test_sim_command_refuses_a_bad_speed(tmp_path):
     res = subprocess.run([sys.executable, "-m", "kubevirt_spawner.cli", "sim", "--state", str(tmp_path),
                           "--speed", "0"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "--speed must be positive" in res.stderr
+
+
+def test_the_simulator_runs_without_the_upstream_schemas_and_says_so_once(tmp_path, monkeypatch, caplog):
+    """The schemas stay outside the project: without them the simulator starts anyway, warns once,
+    and keeps its own admission rules (here: runStrategy and running are mutually exclusive, as
+    KubeVirt's VM admitter says in pkg/virt-api/webhooks/validating-webhook/admitters/vms-admitter.go)."""
+    from kubernetes import client
+
+    from kubevirt_spawner.sim import schema
+    monkeypatch.delenv("KUBEVIRT_SCHEMAS_DIR", raising=False)
+    monkeypatch.setattr(schema, "schemas_dir", lambda: None)
+    with caplog.at_level(logging.WARNING):
+        sim = start_sim(tmp_path, guest_mode="null")
+    try:
+        assert not sim.cluster.schemas.available
+        warnings = [r.getMessage() for r in caplog.records if "schemas were not found" in r.getMessage()]
+        assert len(warnings) == 1 and "own admission rules only" in warnings[0]
+        custom = client.CustomObjectsApi(api_client(sim))
+        client.CoreV1Api(api_client(sim)).create_namespace({"metadata": {"name": "plain"}})
+        custom.create_namespaced_custom_object(*KV, "plain", "virtualmachines", vm("ok", "disk"))
+        both = vm("both", "disk")
+        both["spec"]["running"] = False
+        with pytest.raises(client.ApiException) as refused:
+            custom.create_namespaced_custom_object(*KV, "plain", "virtualmachines", both)
+        assert refused.value.status == 422 and "mutually exclusive" in refused.value.body
+    finally:
+        sim.stop()

@@ -13,14 +13,14 @@ import resource
 import socket
 import time
 
+from ..objects import field_value
 from .compute import VM, VMI, Compute
 from .faults import Faults
 from .network import SERVICE, Network
 from .resources import BY_KIND
 from .runtime import EventRecorder, WorkQueue
-from .schema import SchemaRegistry
+from .schema import SchemaRegistry, schema_not_found_message
 from .seed import seed_cluster
-from .selectors import field_value
 from .server import RequestCounter
 from .snapshots import RESTORE, SNAP, VS, Snapshots
 from .storage import DV, PVC, PVC_PROTECTION, Storage, default_storage_class
@@ -118,6 +118,8 @@ class Cluster:
     # ---------- lifecycle
     async def start(self):
         _raise_file_limit()
+        if not self.schemas.available:
+            log.warning("%s", schema_not_found_message())
         self.vm_queue = WorkQueue("vm", self.compute.reconcile_vm)
         self.vmi_queue = WorkQueue("vmi", self.compute.reconcile_vmi)
         self.pvc_queue = WorkQueue("pvc", self.storage.reconcile_pvc)

@@ -1,9 +1,11 @@
 """Validation of KubeVirt, CDI and snapshot objects against the upstream schemas.
 
-The schemas are data from the upstream projects (see `shared/schemas/README.md`); they are read
-from `$KUBEVIRT_SCHEMAS_DIR` or `../shared/schemas` beside the project. Like the API server, a
-create or update is checked against the CRD's `openAPIV3Schema`; unknown fields are pruned
-(reported as warnings) or, with `fieldValidation=Strict`, refused.
+The schemas are data from the upstream projects (see `shared/schemas/README.md`) and stay outside
+this project: they are read from `$KUBEVIRT_SCHEMAS_DIR`, else from `../shared/schemas` beside a
+source checkout. Like the API server, a create or update is checked against the CRD's
+`openAPIV3Schema`; unknown fields are pruned (reported as warnings) or, with
+`fieldValidation=Strict`, refused. Without the schemas the simulator still runs, and KubeVirt/CDI
+objects are checked by its own admission rules only.
 """
 
 from __future__ import annotations
@@ -30,17 +32,21 @@ class SchemaError(Exception):
     pass
 
 
-def schemas_dir() -> Path:
+def schema_not_found_message() -> str:
+    return ("the upstream KubeVirt/CDI API schemas were not found ($KUBEVIRT_SCHEMAS_DIR, or shared/schemas beside "
+            "the source checkout): KubeVirt and CDI objects are checked by the simulator's own admission rules only")
+
+
+def schemas_dir() -> Path | None:
+    """`$KUBEVIRT_SCHEMAS_DIR`, else `shared/schemas` beside the source checkout, else None."""
     env = os.environ.get("KUBEVIRT_SCHEMAS_DIR")
     if env:
         return Path(env)
-    here = Path(__file__).resolve()
-    for parent in here.parents:
-        candidate = parent.parent / "shared" / "schemas"
-        if candidate.is_dir():
-            return candidate
-    raise SchemaError("the upstream API schemas were not found: set KUBEVIRT_SCHEMAS_DIR to the "
-                      "folder that holds kubevirt/ and cdi/ (shared/schemas)")
+    checkout = Path(__file__).resolve().parents[2]  # .../<checkout>/kubevirt_spawner/sim/schema.py
+    candidate = checkout.parent / "shared" / "schemas"
+    if (checkout / "pyproject.toml").is_file() and candidate.is_dir():
+        return candidate
+    return None
 
 
 def _to_jsonschema(node):
@@ -131,12 +137,20 @@ def _load(directory: str, kind: str) -> KindSchema:
 
 
 class SchemaRegistry:
+    """The upstream schemas, when there are any. A folder that was named (the argument or
+    `$KUBEVIRT_SCHEMAS_DIR`) must hold them; none found otherwise means no schema checks."""
+
     def __init__(self, directory: str | Path | None = None):
-        self.directory = str(directory or schemas_dir())
-        if not os.path.isdir(os.path.join(self.directory, "kubevirt")):
+        found = Path(directory) if directory else schemas_dir()
+        self.directory = str(found) if found else None
+        if self.directory is not None and not os.path.isdir(os.path.join(self.directory, "kubevirt")):
             raise SchemaError(f"{self.directory} does not hold the upstream schemas (kubevirt/, cdi/)")
 
+    @property
+    def available(self) -> bool:
+        return self.directory is not None
+
     def for_kind(self, kind: str) -> KindSchema | None:
-        if kind not in SCHEMA_FILES:
+        if self.directory is None or kind not in SCHEMA_FILES:
             return None
         return _load(self.directory, kind)
