@@ -13,29 +13,27 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import logging
 import os
 import statistics
-import sys
 import tempfile
 import time
 import types
 
 import requests
+from traitlets.config import Config
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "bench"))
+from kubevirt_spawner import kube as k
+from kubevirt_spawner import manifests as m
+from kubevirt_spawner import names
+from kubevirt_spawner import spawner as spawner_module
+from kubevirt_spawner.reflector import Caches
+from kubevirt_spawner.spawner import KubeVirtSpawner
+from kubevirt_spawner.workstation import Settings, Workstation
 
-from bench_sim import start_simulator  # noqa: E402
-from kubevirt_spawner import kube as k  # noqa: E402
-from kubevirt_spawner import manifests as m  # noqa: E402
-from kubevirt_spawner import names  # noqa: E402
-from kubevirt_spawner.reflector import Caches  # noqa: E402
-from kubevirt_spawner import spawner as spawner_module  # noqa: E402
-from kubevirt_spawner.spawner import KubeVirtSpawner  # noqa: E402
-from traitlets.config import Config  # noqa: E402
-from kubevirt_spawner.workstation import Settings, Workstation  # noqa: E402
+from bench_sim import start_simulator  # the bench/ folder is on sys.path when run as a script
 
+LOG = logging.getLogger("bench")
 WRITES = ("create", "update", "patch", "delete")
 SPEED = 100.0
 FIRST_START_PATH = ("bind", "clone_schedule", "clone", "schedule", "launch", "agent")
@@ -83,13 +81,14 @@ async def main(n: int):
     base = f"http://127.0.0.1:{port}"
     try:
         timing = sim(base, "GET", "/timing")["timing"]
-        kube = k.Kube(k.load_api_client(os.path.join(state, "kubeconfig")))
+        kube = k.Kube(k.load_api_client(os.path.join(state, "kubeconfig")), LOG)
         caches = Caches(kube, m.LABEL_WORKSTATION)
         caches.start()
         await caches.wait_synced(30)
         settings = Settings(url_mode="cluster-ip", start_timeout=300)
         settings.clone_gate.limit = n  # measure the spawner, not the clone queue
-        wss = [Workstation(kube, caches, names.identity(f"bench{i}"), m.MachineSpec(), settings) for i in range(n)]
+        wss = [Workstation(kube, caches, names.identity(f"bench{i}"), m.MachineSpec(), settings, LOG)
+               for i in range(n)]
         env = {"JUPYTERHUB_API_TOKEN": "x" * 32}
         measure = Measure(base)
         await measure.run("first start", n, lambda i: wss[i].start(env, []))

@@ -3,7 +3,7 @@
 It uses the official `kubernetes` client for configuration, authentication and transport, and
 exchanges plain JSON objects (dicts) so that KubeVirt and CDI kinds and core kinds are handled
 the same way. Blocking calls run in a thread pool, never on the event loop. Requests are retried
-with backoff on 429, 5xx and connection errors.
+with backoff on 429, 5xx and connection errors. It logs through the logger it is given (the hub's).
 """
 
 from __future__ import annotations
@@ -22,8 +22,6 @@ from urllib.parse import quote, urlencode
 import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -62,14 +60,22 @@ RETRY_STATUS = {429, 500, 502, 503, 504}
 
 
 class KubeError(Exception):
-    """A request the API server refused (or that never got an answer)."""
+    """A request the API server refused (or that never got an answer). `request` says which one;
+    `jupyterhub_message`, when set, is what JupyterHub shows a user whose start it ended."""
 
-    def __init__(self, status: int, reason: str, message: str, body: dict | None = None):
-        super().__init__(f"{status} {reason}: {message}")
+    jupyterhub_message: str | None = None
+
+    def __init__(self, status: int, reason: str, message: str, body: dict | None = None, request: str = ""):
+        super().__init__(status, reason, message)
         self.status = status
         self.reason = reason
         self.message = message
         self.body = body or {}
+        self.request = request
+
+    def __str__(self) -> str:
+        where = f" ({self.request})" if self.request else ""
+        return f"{self.status} {self.reason}: {self.message}{where}"
 
     @property
     def not_found(self) -> bool:
@@ -104,15 +110,16 @@ def load_api_client(kubeconfig: str | None = None, context: str | None = None) -
             config.load_incluster_config(client_configuration=cfg)
             return client.ApiClient(cfg)
         except config.ConfigException:
-            log.debug("not in a pod: using the kubeconfig")
+            pass  # not in a pod: the kubeconfig below
     config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
     return client.ApiClient(cfg)
 
 
 class Kube:
-    def __init__(self, api_client: client.ApiClient, request_timeout: float = 30.0, retry_timeout: float = 60.0,
-                 max_workers: int = 16):
+    def __init__(self, api_client: client.ApiClient, log: logging.Logger | logging.LoggerAdapter,
+                 request_timeout: float = 30.0, retry_timeout: float = 60.0, max_workers: int = 16):
         self.api = api_client
+        self.log = log
         self.request_timeout = request_timeout
         self.retry_timeout = retry_timeout
         self.executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="kube")
@@ -156,12 +163,13 @@ class Kube:
                 err = _error_from_exception(exc)
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 err = KubeError(0, "ConnectionError", f"cannot reach the API server: {exc}")
+            err.request = f"{method} {path}"
             if err.status not in RETRY_STATUS and err.status != 0:
                 raise err
             delay = min(0.2 * 2 ** (attempt - 1), 5.0) * (0.5 + random.random() / 2)
             if time.monotonic() + delay > deadline or self._closed.is_set():
                 raise err
-            log.info("%s %s failed (%s); retry %d in %.1fs", method, path, err, attempt, delay)
+            self.log.info("%s %s failed (%s); retry %d in %.1fs", method, path, err, attempt, delay)
             time.sleep(delay)
 
     def stream_lines(self, path: str, query: dict, timeout, on_open=None) -> Iterator[dict]:

@@ -4,7 +4,7 @@ Each `Reflector` lists one kind once, then follows a watch from that resourceVer
 thread; a 410 Gone or a broken stream starts over with a fresh list. Changes are applied on the
 event loop thread, so readers never see a half-applied update and need no locks. `Caches` groups
 the reflectors and wakes every waiter on any change: `poll()` and progress read from here and
-make no API requests.
+make no API requests. They log through the Kube client's logger (the hub's).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from typing import Callable, TypeVar
 
 from . import kube as k
 
-log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 WATCHED_EVENT_KINDS = {"VirtualMachine", "VirtualMachineInstance", "DataVolume", "PersistentVolumeClaim"}
@@ -57,7 +56,7 @@ class Reflector:
                 # shutdown() (not close()) is the thread-safe way to end a blocked read now.
                 getattr(response, "shutdown", response.close)()
             except Exception:  # a response that is already closed or broken
-                log.debug("closing the %s watch failed", self.kind.plural, exc_info=True)
+                self.kube.log.debug("closing the %s watch failed", self.kind.plural, exc_info=True)
 
     def get(self, namespace: str, name: str) -> dict | None:
         return self.objects.get((namespace, name))
@@ -99,8 +98,8 @@ class Reflector:
         failures = 0
         while not self._stopping.is_set():
             try:
-                listing = self.kube.request("GET", self.kind.path(self.namespace), self._query() or None)
-                version = listing["metadata"].get("resourceVersion", "")
+                listing = self.kube.request("GET", self.kind.path(self.namespace), self._query() or None) or {}
+                version = (listing.get("metadata") or {}).get("resourceVersion", "")
                 self._post(self._replace_all, listing.get("items") or [])
                 failures = 0
                 self._follow(version)
@@ -110,14 +109,14 @@ class Reflector:
                 failures += 1
                 delay = min(0.5 * 2 ** min(failures, 6), 30.0) * (0.5 + random.random() / 2)
                 level = logging.DEBUG if err.status == 410 else logging.WARNING
-                log.log(level, "watch of %s restarting in %.1fs: %s", self.kind.plural, delay, err)
+                self.kube.log.log(level, "watch of %s restarting in %.1fs: %s", self.kind.plural, delay, err)
                 if err.status == 410:
                     delay = 0
                 self._stopping.wait(delay)
             except Exception:  # never let the cache die silently
                 if self._stopping.is_set():
                     return
-                log.exception("watch of %s failed", self.kind.plural)
+                self.kube.log.exception("watch of %s failed", self.kind.plural)
                 self._stopping.wait(5)
 
     def _follow(self, version: str):
@@ -192,15 +191,20 @@ class Caches:
             self._changed.set()
             self._changed = asyncio.Event()
 
-    async def wait_for(self, predicate: Callable[[], T], timeout: float | None = None) -> T:
-        """Wait until `predicate()` returns something truthy, re-checking on every cache change."""
+    def _change_event(self) -> asyncio.Event:
+        """The event the next change sets (the caches start with the first waiter)."""
         self.start()
+        assert self._changed is not None  # start() made it
+        return self._changed
+
+    async def wait_for(self, predicate: Callable[[], T | None], timeout: float | None = None) -> T:
+        """Wait until `predicate()` returns something truthy, re-checking on every cache change."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
+            changed = self._change_event()
             result = predicate()
             if result:
                 return result
-            changed = self._changed
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 raise asyncio.TimeoutError()
@@ -212,9 +216,8 @@ class Caches:
 
     async def next_change(self, timeout: float = 30.0):
         """Return after the next change (or `notify()`), or after `timeout` seconds."""
-        self.start()
         try:
-            await asyncio.wait_for(self._changed.wait(), timeout)
+            await asyncio.wait_for(self._change_event().wait(), timeout)
         except asyncio.TimeoutError:
             return  # nothing changed: the caller looks again anyway
 

@@ -11,29 +11,21 @@ from datetime import datetime, timezone
 from jupyterhub.spawner import Spawner
 from jupyterhub.traitlets import ByteSpecification
 from jupyterhub.utils import maybe_future
-from traitlets import Bool, Dict, Enum, Float, Integer, List, Unicode, Union, Callable, default, validate
-from traitlets import TraitError
+from traitlets import Bool, Callable, Dict, Enum, Float, Integer, List, TraitError, Unicode, Union, default, validate
 
 from . import kube as k
 from . import manifests as m
 from . import names
 from . import profiles as prof
-from .reflector import Caches
+from .objects import field_value
 from .quantity import format_bytes, parse_quantity
+from .reflector import Caches
 from .workstation import CloneGate, Settings, Workstation, WorkstationError
 
 TEMPLATE_SETTINGS = {key: f"KubeVirtSpawner.{key}_name_template" for key in names.DEFAULT_TEMPLATES}
 TEMPLATE_SETTINGS["namespace"] = "KubeVirtSpawner.namespace_template"
 # Hub-wide shared state: one API client, one set of caches and one clone gate per cluster.
 _shared: dict[tuple, dict] = {}
-
-
-class SpawnError(RuntimeError):
-    """A failure whose text JupyterHub shows the user as it is."""
-
-    def __init__(self, message: str):
-        super().__init__(message)
-        self.jupyterhub_message = message
 
 
 def cpu_quantity(cpu: float) -> str:
@@ -188,8 +180,9 @@ class KubeVirtSpawner(Spawner):
         key = (self.kubeconfig, self.kube_context, ns_scope, self.events_enabled)
         shared = _shared.get(key)
         if shared is None:
-            kube = k.Kube(k.load_api_client(self.kubeconfig, self.kube_context), self.k8s_api_request_timeout,
-                          self.k8s_api_retry_timeout)
+            # Shared by every spawner of the hub: it logs through the hub's logger.
+            kube = k.Kube(k.load_api_client(self.kubeconfig, self.kube_context), self.log,
+                          self.k8s_api_request_timeout, self.k8s_api_retry_timeout)
             caches = Caches(kube, m.LABEL_WORKSTATION, ns_scope, events=self.events_enabled)
             shared = _shared[key] = {"kube": kube, "caches": caches, "gate": CloneGate(self.max_concurrent_clones)}
         shared["caches"].start()
@@ -213,7 +206,7 @@ class KubeVirtSpawner(Spawner):
             labels = vm["metadata"].get("labels") or {}
             ns = vm["metadata"]["namespace"]
             volumes = {v["name"]: v for v in vm["spec"]["template"]["spec"].get("volumes") or []}
-            claim = lambda vol: (volumes.get(vol) or {}).get("persistentVolumeClaim", {}).get("claimName")  # noqa: E731
+            claims = {name: field_value(v, "persistentVolumeClaim.claimName") for name, v in volumes.items()}
             template = self._template_identity()
             service = next((s["metadata"]["name"] for s in caches.services.values()
                             if s["metadata"]["namespace"] == ns
@@ -222,8 +215,8 @@ class KubeVirtSpawner(Spawner):
             return m.Identity(user=self.user.name, server=self.name or "", slug=labels[m.LABEL_WORKSTATION],
                               user_slug=labels.get(m.LABEL_USER, template.user_slug),
                               server_slug=labels.get(m.LABEL_SERVER, ""), namespace=ns, vm=vm["metadata"]["name"],
-                              rootdisk=claim("rootdisk") or template.rootdisk,
-                              workspace=claim("workspace") or template.workspace,
+                              rootdisk=claims.get("rootdisk") or template.rootdisk,
+                              workspace=claims.get("workspace") or template.workspace,
                               secret=(volumes.get(m.ENV_DISK_SERIAL) or {}).get("secret", {}).get("secretName")
                               or template.secret, service=service)
         return None
@@ -242,18 +235,21 @@ class KubeVirtSpawner(Spawner):
         settings = Settings(url_mode=self.url_mode, gpu_unavailable=self.gpu_unavailable,
                             start_timeout=max(1.0, self.start_timeout - 5), stop_timeout=self.stop_timeout,
                             retention_days=self.retention_days, clone_gate=shared["gate"])
-        self._current = Workstation(shared["kube"], caches, self._ident, self._machine_spec(profile), settings)
+        self._current = Workstation(shared["kube"], caches, self._ident, self._machine_spec(profile), settings,
+                                    self.log)
         return self._current
 
     def _machine_spec(self, profile: dict | None) -> m.MachineSpec:
         values = {}
+        slug = (profile or {}).get("slug", "")
         override = (profile or {}).get("kubevirt_override") or {}
         for name in prof.OVERRIDABLE:
             trait = self.traits()[name]
             try:
                 values[name] = trait._validate(self, override[name]) if name in override else getattr(self, name)
             except TraitError as exc:
-                raise WorkstationError(f"Profile {profile['slug']!r} has an invalid {name}: {exc}") from None
+                raise WorkstationError(f"Profile {slug!r} has an invalid {name}: {exc}. Tell your "
+                                       "administrator.", reason="profile") from None
         mem_limit = values["mem_limit"]
         guest = values["memory_guest"] or mem_limit or values["mem_guarantee"]
         golden = values["golden_image"]
@@ -269,7 +265,7 @@ class KubeVirtSpawner(Spawner):
             root_disk_size=values["root_disk_size"], storage_class=values["storage_class"],
             workspace_disk_size=values["workspace_disk_size"] or None,
             termination_grace_period=values["termination_grace_period"],
-            ports=tuple(self.ports.items()), profile=(profile or {}).get("slug", ""),
+            ports=tuple(self.ports.items()), profile=slug,
             profile_version=(profile or {}).get("version", ""),
             extra_labels=dict(values["extra_labels"]), extra_annotations=dict(values["extra_annotations"]))
 
@@ -319,18 +315,17 @@ class KubeVirtSpawner(Spawner):
         self._start_began = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         self._starting = True
         try:
-            profile = prof.choose(self._profiles(), self.user_options)
+            try:
+                profile = prof.choose(self._profiles(), self.user_options)
+            except prof.ProfileError as exc:
+                raise WorkstationError(str(exc), reason="profile") from None
             ws = await self._workstation(profile, for_start=True)
             self.ip, self.port = "0.0.0.0", m.JUPYTER_PORT
             env = self.get_env()
-            self.log.info("starting %s/%s for %s (profile %s)", ws.ident.namespace, ws.ident.vm,
-                          self._log_name, ws.spec.profile or "-")
+            ws.log.info("starting for %s (profile %s)", self._log_name, ws.spec.profile or "-")
             url = await ws.start(env, self.get_args(), self._report)
             self._report(100, "Your workstation is ready")
             return url
-        except (WorkstationError, prof.ProfileError) as exc:
-            self.log.warning("start of %s failed: %s", self._log_name, exc)
-            raise SpawnError(str(exc)) from exc
         finally:
             self._starting = False
             self._shared()["caches"].notify()
@@ -372,8 +367,7 @@ class KubeVirtSpawner(Spawner):
         if status in ("running", "starting"):
             return None
         if status == "lost":
-            self.log.warning("%s is on a node that stopped responding: reporting it as not running",
-                             self._log_name)
+            ws.log.warning("on a node that stopped responding: reporting %s as not running", self._log_name)
             return 1
         return 1 if status == "failed" else 0
 
@@ -383,10 +377,7 @@ class KubeVirtSpawner(Spawner):
 
     async def stop(self, now=False):
         ws = await self._workstation()
-        try:
-            await ws.stop(now=now)
-        except WorkstationError as exc:
-            raise SpawnError(str(exc)) from exc
+        await ws.stop(now=now)
 
     async def run_post_stop_hook(self):
         """JupyterHub skips stop() when poll() already says "not running" (the guest powered off or
@@ -395,10 +386,10 @@ class KubeVirtSpawner(Spawner):
             ws = await self._workstation()
             await ws.ensure_halted()
         except Exception:
-            self.log.exception("could not make sure %s stays stopped", self._log_name)
+            self.log.exception("could not make sure the workstation of %s stays stopped", self._log_name)
         return await maybe_future(super().run_post_stop_hook())
 
     async def delete_forever(self):
         ws = await self._workstation()
         kept = await ws.retire()
-        self.log.info("deleted the workstation of %s; kept %s", self._log_name, ", ".join(kept))
+        ws.log.info("deleted the workstation of %s; kept %s", self._log_name, ", ".join(kept))

@@ -1,13 +1,16 @@
 """The lifecycle of one workstation: provision, start (resume), wait, stop and retire.
 
 Used by the spawner and by the hub service. Every wait reads the shared caches (`reflector.py`);
-API requests are only made to change something. Failures reach the user as `WorkstationError`,
-one sentence that says what happened and what to do; the log has the details.
+API requests are only made to change something. Failures a user can act on are `WorkstationError`
+(a JupyterHub `SpawnException`): one sentence that says what happened and what to do, and a short
+reason. Everything is logged through the logger the caller gives (the hub's), each line naming the
+workstation.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import logging
@@ -16,13 +19,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Callable
 
+from jupyterhub.spawner import SpawnException
+
 from . import kube as k
 from . import manifests as m
 from .objects import condition, field_value
 from .quantity import parse_quantity
 from .reflector import Caches
-
-log = logging.getLogger(__name__)
 
 ANNOTATION_SPEC_HASH = m.LABEL_PREFIX + "spec-hash"
 SNAPSHOT = k.Kind("VirtualMachineSnapshot", "snapshot.kubevirt.io", "v1beta1", "virtualmachinesnapshots")
@@ -32,8 +35,26 @@ ALREADY_RUNNING = ("already running", "does not support manual start requests")
 Report = Callable[[int, str], None]
 
 
-class WorkstationError(Exception):
-    """A failure the user can act on; `str()` is the sentence shown to them."""
+class WorkstationError(SpawnException):
+    """A failure the user can act on. `message` is the sentence shown to them; `reason` a short
+    label (`gpu-unavailable`, `disk-shrink`, `timeout`...) for the hub's log and metrics. JupyterHub
+    logs these without a traceback."""
+
+    def __init__(self, message: str, *, reason: str, status_code: int = 400):
+        super().__init__(message, reason=reason, status_code=status_code)
+        # Without this, JupyterHub shows its own generic text for some reasons ("timeout").
+        self.jupyterhub_message = message
+
+
+class WorkstationLog(logging.LoggerAdapter):
+    """The hub's log format has no field for the workstation, so every line starts with it."""
+
+    def __init__(self, logger: logging.Logger | logging.LoggerAdapter, workstation: str):
+        super().__init__(logger, {"workstation": workstation})
+        self.workstation = workstation
+
+    def process(self, msg, kwargs):
+        return f"{self.workstation}: {msg}", kwargs
 
 
 def _ignore_report(percent: int, message: str):
@@ -66,20 +87,25 @@ class CloneGate:
         try:
             last = None
             while True:
-                ahead = self.queue.index(key)
-                running = self.running(caches)
+                ahead, running = self._position(key, caches)
                 if ahead == 0 and running < self.limit:
                     break
                 if (ahead, running) != last:
                     report(5, f"Queued for disk clone: {ahead + max(0, running - self.limit + 1)} ahead "
                               f"({running} of {self.limit} clones running)")
                     last = (ahead, running)
-                await caches.wait_for(lambda a=ahead, r=running: (self.queue.index(key), self.running(caches))
-                                      != (a, r))
+                await caches.wait_for(functools.partial(self._moved, key, caches, (ahead, running)))
             self.admitted.add(key)
         finally:
             self.queue.remove(key)
             caches.notify()  # the next in the queue may go now
+
+    def _position(self, key: tuple[str, str], caches: Caches) -> tuple[int, int]:
+        """Starts ahead of this one in the queue, and clones running."""
+        return self.queue.index(key), self.running(caches)
+
+    def _moved(self, key: tuple[str, str], caches: Caches, since: tuple[int, int]) -> bool:
+        return self._position(key, caches) != since
 
     def release(self, key: tuple[str, str]):
         self.admitted.discard(key)
@@ -121,9 +147,10 @@ async def _once(key: tuple[str, str, str], factory):
 
 
 class Workstation:
-    def __init__(self, kube: k.Kube, caches: Caches, ident: m.Identity, spec: m.MachineSpec, settings: Settings):
+    def __init__(self, kube: k.Kube, caches: Caches, ident: m.Identity, spec: m.MachineSpec, settings: Settings,
+                 log: logging.Logger | logging.LoggerAdapter):
         self.kube, self.caches, self.ident, self.spec, self.settings = kube, caches, ident, spec, settings
-        self.log = logging.LoggerAdapter(log, {"workstation": f"{ident.namespace}/{ident.vm}"})
+        self.log = WorkstationLog(log, f"{ident.namespace}/{ident.vm}")
 
     # ------------------------------------------------------------ cached views
     @property
@@ -198,16 +225,13 @@ class Workstation:
             await self._request_start(report)
             return await self._wait_ready(report, deadline)
         except BaseException as exc:
-            if not isinstance(exc, WorkstationError):
-                self.log.exception("start of %s failed", self.ident.vm)
             await asyncio.shield(self._stop_after_failed_start())
-            if isinstance(exc, (WorkstationError, asyncio.CancelledError)):
-                raise
+            # Not the user's to act on, so not a SpawnException: JupyterHub logs the traceback and
+            # counts an error. The user reads one sentence.
             if isinstance(exc, k.KubeError):
-                raise WorkstationError(f"The cluster refused to start your workstation ({exc.message}). "
-                                       "Try again in a minute; if it keeps failing, tell your administrator.") from exc
-            raise WorkstationError("Your workstation could not be started because of an internal error. "
-                                   "Try again; if it keeps failing, tell your administrator.") from exc
+                exc.jupyterhub_message = (f"The cluster refused to start your workstation ({exc.message}). Try "
+                                          "again in a minute; if it keeps failing, tell your administrator.")
+            raise
         finally:
             self.settings.clone_gate.release((self.ident.namespace, self.ident.rootdisk))
 
@@ -220,11 +244,11 @@ class Workstation:
                     f"Your workstation's disk is still attached to a machine on node {node}, which has stopped "
                     f"responding. It cannot start anywhere else until an administrator confirms that {node} is "
                     f"fenced (powered off), for example by tainting it "
-                    f"node.kubernetes.io/out-of-service=nodeshutdown:NoExecute.")
+                    f"node.kubernetes.io/out-of-service=nodeshutdown:NoExecute.", reason="lost-node", status_code=409)
             if name != self.ident.vm:
                 raise WorkstationError(
                     f"Your workstation's disk is in use by another virtual machine ({name} on {node}). "
-                    f"Stop it first, or ask your administrator.")
+                    f"Stop it first, or ask your administrator.", reason="disk-in-use", status_code=409)
 
     async def _provision(self, report: Report):
         """Create whatever is missing; adopt what exists (after a hub restart, or a second start)."""
@@ -236,7 +260,8 @@ class Workstation:
         if disk is None and vm is not None:
             raise WorkstationError(
                 f"Your system disk {ident.namespace}/{ident.rootdisk} is missing, so your workstation cannot start. "
-                "Ask your administrator to restore it from a snapshot or to reset your system.")
+                "Ask your administrator to restore it from a snapshot or to reset your system.",
+                reason="disk-missing", status_code=409)
         if disk is None:
             await self.settings.clone_gate.admit((ident.namespace, ident.rootdisk), self.caches, report)
             report(5, f"Cloning your system disk from {spec.golden_name}")
@@ -267,7 +292,8 @@ class Workstation:
         if owner != self.ident.slug:
             raise WorkstationError(
                 f"{obj.get('kind', 'An object')} {obj['metadata']['namespace']}/{obj['metadata']['name']} already "
-                f"exists and does not belong to this workstation; ask your administrator to rename or remove it.")
+                f"exists and does not belong to this workstation; ask your administrator to rename or remove it.",
+                reason="name-taken", status_code=409)
 
     async def _ensure(self, kind: k.Kind, obj: dict, check_owner: bool = True) -> dict:
         try:
@@ -307,7 +333,7 @@ class Workstation:
         if parse_quantity(wanted) < parse_quantity(current):
             raise WorkstationError(
                 f"Your system disk is {current}, and the selected profile asks for {wanted}: disks can grow but "
-                f"never shrink. Choose a profile with a disk of at least {current}.")
+                f"never shrink. Choose a profile with a disk of at least {current}.", reason="disk-shrink")
         await self.kube.patch(k.PVC, self.ident.namespace, self.ident.rootdisk,
                               {"spec": {"resources": {"requests": {"storage": wanted}}}})
         self.log.info("expanding %s from %s to %s", self.ident.rootdisk, current, wanted)
@@ -352,7 +378,8 @@ class Workstation:
         try:
             return await self.caches.wait_for(steps.check, max(0.0, deadline - time.monotonic()))
         except asyncio.TimeoutError:
-            raise WorkstationError(steps.timeout_message(self.settings.start_timeout)) from None
+            raise WorkstationError(steps.timeout_message(self.settings.start_timeout), reason="timeout",
+                                   status_code=504) from None
 
     async def _stop_after_failed_start(self):
         """A failed start leaves nothing holding a node or a GPU."""
@@ -454,7 +481,8 @@ class _StartSteps:
         if dv is not None and phase == "Failed":
             raise WorkstationError(f"Cloning your system disk from {spec.golden_name} failed "
                                    f"({condition(dv, 'Running').get('message') or 'see the cluster events'}). "
-                                   "Ask your administrator to check the golden image and storage.")
+                                   "Ask your administrator to check the golden image and storage.",
+                                   reason="clone-failed", status_code=500)
         if dv is not None and phase != "Succeeded":
             progress = field_value(dv, "status.progress") or "0%"
             try:
@@ -467,7 +495,8 @@ class _StartSteps:
         if ws.vmi is not None or field_value(ws.vm, "spec.runStrategy") not in (None, "Halted"):
             self.start_seen = True
         elif self.start_seen:  # running was asked for, and now it is not: someone stopped it
-            raise WorkstationError("Your workstation was stopped while it was starting. Start it again.")
+            raise WorkstationError("Your workstation was stopped while it was starting. Start it again.",
+                                   reason="stopped-while-starting")
         vmi = ws.vmi
         if vmi is None or vmi["metadata"].get("deletionTimestamp"):
             self.waiting_for = "the virtual machine to be created"
@@ -476,13 +505,14 @@ class _StartSteps:
         vmi_phase = field_value(vmi, "status.phase")
         if vmi_phase in FINAL_PHASES:
             raise WorkstationError("Your workstation shut down while it was booting. Start it again; if it keeps "
-                                   "happening, use the rescue page or ask your administrator.")
+                                   "happening, ask your administrator.", reason="boot-failed", status_code=500)
         if vmi_phase == "Unknown":
             ws._refuse_double_attach()
         scheduled = condition(vmi, "PodScheduled")
         if not field_value(vmi, "status.nodeName"):
             if scheduled.get("status") == "False":
-                return self._unschedulable(scheduled.get("message") or "")
+                self._unschedulable(scheduled.get("message") or "")
+                return None
             self.waiting_for = "a node"
             self.say(65, "Waiting for a node" + self._gpu_phrase())
             return None
@@ -507,7 +537,7 @@ class _StartSteps:
         devices = [d for d, n in self.ws.spec.gpus if n]
         return f" with a free {', '.join(devices)}" if devices else ""
 
-    def _unschedulable(self, message: str) -> None:
+    def _unschedulable(self, message: str):
         devices = [d for d, n in self.ws.spec.gpus if n]
         short_of_gpu = [d for d in devices if d in message]
         if short_of_gpu:
@@ -515,7 +545,8 @@ class _StartSteps:
             self.waiting_for = f"a free {', '.join(short_of_gpu)}"
             if self.ws.settings.gpu_unavailable == "fail":
                 raise WorkstationError(f"No {', '.join(short_of_gpu)} is free right now ({message}). Try again "
-                                       "later or choose a profile without a GPU.")
+                                       "later or choose a profile without a GPU.", reason="gpu-unavailable",
+                                       status_code=503)
         else:
             text = f"Waiting for a node: {message}"
             self.waiting_for = "a node with enough free resources"

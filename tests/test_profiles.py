@@ -80,5 +80,6 @@ def test_profile_override_values_are_validated_like_settings():
     c.KubeVirtSpawner.profile_list = [{"display_name": "Bad", "kubevirt_override": {"mem_guarantee": "lots"}}]
     spawner = KubeVirtSpawner(config=c)
     from kubevirt_spawner.workstation import WorkstationError
-    with pytest.raises(WorkstationError, match="invalid mem_guarantee"):
+    with pytest.raises(WorkstationError, match="invalid mem_guarantee") as caught:
         spawner._machine_spec(prof.normalise(c.KubeVirtSpawner.profile_list)[0])
+    assert caught.value.reason == "profile"

@@ -4,17 +4,22 @@ concurrency, clone admission, GPUs, timeouts and profile changes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import types
 
 import pytest
+from jupyterhub.spawner import SpawnException
 from traitlets.config import Config
 
 from kubevirt_spawner import kube as k
 from kubevirt_spawner import manifests as m
-from kubevirt_spawner import names, spawner as spawner_module
+from kubevirt_spawner import names
+from kubevirt_spawner import spawner as spawner_module
 from kubevirt_spawner.reflector import Caches
 from kubevirt_spawner.spawner import KubeVirtSpawner
 from kubevirt_spawner.workstation import CloneGate, Settings, Workstation, WorkstationError
+
 from simtools import sim_api, start_sim
 
 GPU = "nvidia.com/A100-PCIE-40GB"
@@ -22,6 +27,7 @@ GPU_PLACEMENT = dict(node_selector={"accelerator.example.com/mode": "vfio"},
                      tolerations=({"key": "workload.example.com/kubevirt", "operator": "Exists",
                                    "effect": "NoSchedule"},))
 WRITES = ("create", "update", "patch", "delete")
+LOG = logging.getLogger("test-hub")  # stands in for the hub's logger
 
 
 @pytest.fixture(scope="module")
@@ -33,13 +39,24 @@ def wsim(tmp_path_factory):
 
 @pytest.fixture
 async def env(wsim):
-    kube = k.Kube(k.load_api_client(wsim.kubeconfig))
+    kube = k.Kube(k.load_api_client(wsim.kubeconfig), LOG)
     caches = Caches(kube, m.LABEL_WORKSTATION)
     caches.start()
     await caches.wait_synced(30)
     yield types.SimpleNamespace(kube=kube, caches=caches, sim=wsim)
     caches.stop()
     kube.close()
+
+
+@contextlib.contextmanager
+def user_error(reason: str, match: str):
+    """A failure the user can act on: a JupyterHub SpawnException with this reason, whose sentence
+    JupyterHub shows as it is."""
+    with pytest.raises(SpawnException, match=match) as caught:
+        yield caught
+    assert isinstance(caught.value, WorkstationError)
+    assert caught.value.reason == reason
+    assert caught.value.jupyterhub_message == caught.value.message
 
 
 def counts(sim) -> dict:
@@ -56,7 +73,8 @@ def writes(delta: dict) -> dict:
 
 def workstation(env, user, spec=None, **settings) -> Workstation:
     settings.setdefault("url_mode", "cluster-ip")
-    return Workstation(env.kube, env.caches, names.identity(user), spec or m.MachineSpec(), Settings(**settings))
+    return Workstation(env.kube, env.caches, names.identity(user), spec or m.MachineSpec(), Settings(**settings),
+                       LOG)
 
 
 async def test_first_start_resume_and_stop_use_few_requests(env):
@@ -151,7 +169,7 @@ async def test_clone_admission_queues_starts_beyond_the_limit(env):
     users = [f"q{i}" for i in range(5)]
     wss = [workstation(env, u, clone_gate=gate) for u in users]
     await asyncio.gather(*(ws.start({}, [], lambda p, msg, u=u: messages.setdefault(u, []).append(msg))
-                           for ws, u in zip(wss, users)))
+                           for ws, u in zip(wss, users, strict=True)))
     watcher.cancel()
     assert most <= 2
     queued = [msg for u in users for msg in messages[u] if msg.startswith("Queued for disk clone:")]
@@ -163,13 +181,13 @@ async def test_no_free_gpu_fail_fast_explains_and_leaves_nothing_running(env):
     holder = workstation(env, "uma", m.MachineSpec(gpus=((GPU, 2),), **GPU_PLACEMENT))
     await holder.start({}, [])
     ws = workstation(env, "vic", m.MachineSpec(gpus=((GPU, 1),), **GPU_PLACEMENT), gpu_unavailable="fail")
-    with pytest.raises(WorkstationError, match=f"No {GPU} is free right now"):
+    with user_error("gpu-unavailable", f"No {GPU} is free right now"):
         await ws.start({}, [])
     assert ws.vmi is None and ws.vm["spec"]["runStrategy"] == "Halted"
 
     waiting = workstation(env, "vic", m.MachineSpec(gpus=((GPU, 1),), **GPU_PLACEMENT), start_timeout=3)
     seen = []
-    with pytest.raises(WorkstationError, match=f"did not start within 3 seconds while waiting for a free {GPU}"):
+    with user_error("timeout", f"did not start within 3 seconds while waiting for a free {GPU}"):
         await waiting.start({}, [], lambda p, msg: seen.append(msg))
     assert f"Waiting for a node with a free {GPU}: all are in use" in seen
     await env.caches.wait_for(lambda: waiting.vmi is None, 10)
@@ -192,7 +210,7 @@ async def test_profile_changes_update_a_stopped_vm_and_grow_but_never_shrink_the
     assert bigger.rootdisk_pvc["spec"]["resources"]["requests"]["storage"] == "80Gi"
     await bigger.stop()
     smaller = workstation(env, "wes", m.MachineSpec(root_disk_size="70Gi"))
-    with pytest.raises(WorkstationError, match="disks can grow but never shrink"):
+    with user_error("disk-shrink", "disks can grow but never shrink"):
         await smaller.start({}, [])
     assert smaller.rootdisk_pvc["spec"]["resources"]["requests"]["storage"] == "80Gi"
     assert smaller.vmi is None
@@ -205,7 +223,7 @@ async def test_a_missing_root_disk_is_reported_never_silently_recreated(env):
     await env.kube.delete(k.DV, ws.ident.namespace, ws.ident.rootdisk)
     await env.caches.wait_for(lambda: ws.rootdisk is None and ws.rootdisk_pvc is None, 20)
     before = counts(env.sim)
-    with pytest.raises(WorkstationError, match="Your system disk .* is missing"):
+    with user_error("disk-missing", "Your system disk .* is missing"):
         await ws.start({}, [])
     assert "create datavolumes" not in diff(before, counts(env.sim))
 
@@ -213,7 +231,7 @@ async def test_a_missing_root_disk_is_reported_never_silently_recreated(env):
 async def test_a_clone_that_fails_is_explained(env):
     sim_api(env.sim, "POST", "/clones/fail-next", {"count": 1})
     ws = workstation(env, "yuri")
-    with pytest.raises(WorkstationError, match="Cloning your system disk from ubuntu-24-04-cuda-golden failed"):
+    with user_error("clone-failed", "Cloning your system disk from ubuntu-24-04-cuda-golden failed"):
         await ws.start({}, [])
     assert ws.vmi is None
 
@@ -224,8 +242,8 @@ async def test_an_object_of_someone_else_is_never_adopted(env):
     await env.kube.create(k.SERVICE, {"metadata": {"name": ident.service, "namespace": ident.namespace},
                                       "spec": {"ports": [{"port": 80}]}})
     ws = workstation(env, "zoe")
-    with pytest.raises(WorkstationError, match=f"Service {ident.namespace}/{ident.service} already exists and does "
-                                               "not belong to this workstation"):
+    with user_error("name-taken", f"Service {ident.namespace}/{ident.service} already exists and does not belong "
+                                  "to this workstation"):
         await ws.start({}, [])
 
 
@@ -260,6 +278,26 @@ async def test_retire_deletes_the_machine_and_keeps_disks_and_snapshots(env):
     dv = await env.kube.get(k.DV, ws.ident.namespace, "ivy-rootdisk")
     assert m.LABEL_RETAINED not in dv["metadata"]["labels"]
     await again.stop()
+
+
+async def test_a_cluster_that_keeps_refusing_is_an_error_for_the_admin_not_a_user_failure(env):
+    """Not the user's to act on: no SpawnException, so JupyterHub logs the traceback and counts an
+    error; the user still reads one sentence."""
+    kube = k.Kube(k.load_api_client(env.sim.kubeconfig), LOG, retry_timeout=0.5)
+    sim_api(env.sim, "PUT", "/faults/api", {"verb": "create", "resource": "datavolumes", "rate": 1, "code": 500})
+    try:
+        ws = Workstation(kube, env.caches, names.identity("quinn"), m.MachineSpec(), Settings(url_mode="cluster-ip"),
+                         LOG)
+        with pytest.raises(k.KubeError) as caught:
+            await ws.start({}, [])
+    finally:
+        sim_api(env.sim, "DELETE", "/faults/api")
+        kube.close()
+    assert not isinstance(caught.value, SpawnException)
+    assert caught.value.status == 500 and str(caught.value).endswith(
+        f"(POST /apis/cdi.kubevirt.io/v1beta1/namespaces/{ws.ident.namespace}/datavolumes)")
+    assert caught.value.jupyterhub_message.startswith("The cluster refused to start your workstation (Internal error")
+    assert ws.vmi is None
 
 
 async def test_api_errors_and_throttling_are_retried(env):

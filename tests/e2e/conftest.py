@@ -12,6 +12,7 @@ import requests
 from kubernetes import client
 
 from kubevirt_spawner import demo
+
 from simtools import api_client, sim_api, start_sim
 
 E2E_SPEED = 20.0
@@ -88,13 +89,19 @@ class Hub:
             last = self.server_model(user, server)
             if last and last.get("ready"):
                 return last
-            if last is None and self._spawn_failed(user, server):
-                raise AssertionError(f"start of {user}/{server} failed: {self._spawn_failed(user, server)}")
+            failure = self.spawn_failure(user, server) if last is None else None
+            if failure:
+                raise AssertionError(f"start of {user}/{server} failed: {failure}")
             time.sleep(0.2)
         raise AssertionError(f"{user}/{server} not ready within {timeout}s: {last}")
 
-    def _spawn_failed(self, user: str, server: str) -> str | None:
-        return None
+    def spawn_failure(self, user: str, server: str = "") -> str | None:
+        """The message the hub shows for a start that failed (its progress stream's last event)."""
+        r = self.http.get(f"{self.url}/hub/api{self.server_path(user, server)}/progress", timeout=30)
+        if r.status_code != 200:
+            return None  # not starting, and no failed start to tell about
+        events = [json.loads(line[5:]) for line in r.text.splitlines() if line.startswith("data:")]
+        return events[-1]["message"] if events and events[-1].get("failed") else None
 
     def start_server(self, user: str, server: str = "", profile: str | None = None, timeout: float = 120) -> dict:
         r = self.request_start(user, server, profile)

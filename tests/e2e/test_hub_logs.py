@@ -1,0 +1,94 @@
+"""What a hub admin reads: the spawner's lines in the hub's own log, and failures a user can act
+on logged as JupyterHub `SpawnException`s (a reason, no traceback), while internal errors keep theirs.
+
+JupyterHub's handling is in jupyterhub/user.py (`User.spawn`: "Not starting ..." for a
+SpawnException, `log.exception` for anything else) and jupyterhub/apihandlers/users.py (the
+progress stream's "Spawn failed: ..." from `format_exception`).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from conftest import Hub
+
+from simtools import wait_for
+
+GPU = "nvidia.com/A100-PCIE-40GB"
+HUB_LINE = re.compile(r"^\[[DIWEC] \d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+ JupyterHub \w+:\d+\] ")
+
+
+@pytest.fixture(scope="module")
+def hub(e2e_sim, tmp_path_factory):
+    extra = ('c.KubeVirtSpawner.gpu_unavailable = "fail"\n'
+             "c.KubeVirtSpawner.k8s_api_retry_timeout = 2\n")
+    h = Hub(tmp_path_factory.mktemp("hub"), e2e_sim, extra).start()
+    yield h
+    h.close()
+
+
+def log_since(hub, offset: int) -> str:
+    return hub.log()[offset:]
+
+
+def wait_failed(hub, user: str) -> str:
+    return wait_for(lambda: hub.spawn_failure(user), 60, interval=0.3, what=f"{user}'s start to fail")
+
+
+def test_the_spawner_logs_through_the_hub_naming_the_workstation(hub):
+    hub.start_server("lena")
+    lines = [line for line in hub.log().splitlines() if "notebook-lena/lena-workstation: " in line]
+    created = [line for line in lines if line.endswith("notebook-lena/lena-workstation: created DataVolume "
+                                                       "lena-rootdisk")]
+    assert created and HUB_LINE.match(created[0]), lines
+    assert any("notebook-lena/lena-workstation: starting for lena (profile cpu)" in line for line in lines)
+    assert all(HUB_LINE.match(line) for line in lines), lines  # the hub's format, the hub's handler
+    hub.stop_server("lena")
+
+
+def test_user_failures_are_spawn_exceptions_with_a_reason_and_no_traceback(hub, cluster):
+    offset = len(hub.log())
+    # Unknown profile: refused before anything is created.
+    r = hub.request_start("nora", profile="tpu-v5")
+    assert r.status_code == 400, r.text
+    assert "Unknown profile 'tpu-v5'. Choose one of: cpu, gpu-a100-1, gpu-a100-2." in r.json()["message"]
+    assert cluster.vm("notebook-nora", "nora-workstation") is None
+
+    # No GPU free, with gpu_unavailable = "fail": mia holds both A100s, owen's start fails at once.
+    hub.start_server("mia", profile="gpu-a100-2")
+    r = hub.request_start("owen", profile="gpu-a100-1")
+    assert r.status_code in (202, 503), r.text
+    message = wait_failed(hub, "owen")
+    assert message.startswith(f"Spawn failed: No {GPU} is free right now"), message
+    assert message.endswith("Try again later or choose a profile without a GPU.")
+    wait_for(lambda: cluster.vmi("notebook-owen", "owen-workstation") is None, 30, what="owen's VMI gone")
+
+    # A profile whose disk is smaller than mia's.
+    hub.stop_server("mia")
+    r = hub.request_start("mia", profile="cpu")
+    assert "Your system disk is 150Gi, and the selected profile asks for 60Gi" in r.text
+
+    log = log_since(hub, offset)
+    for user, reason in (("nora", "profile"), ("owen", "gpu-unavailable"), ("mia", "disk-shrink")):
+        assert re.search(rf"Not starting {user}'s server : \d+ WorkstationError\(reason={reason}\): ", log), log
+    assert "Traceback" not in log and "Unhandled error" not in log, log
+
+
+def test_an_internal_error_keeps_its_traceback_and_the_user_reads_one_sentence(hub, cluster):
+    offset = len(hub.log())
+    cluster.sim_api("PUT", "/faults/api", {"verb": "create", "resource": "datavolumes", "rate": 1, "code": 500})
+    try:
+        r = hub.request_start("pia")
+        assert r.status_code in (202, 500), r.text
+        message = wait_failed(hub, "pia")
+    finally:
+        cluster.sim_api("DELETE", "/faults/api")
+    assert message.startswith("Spawn failed: The cluster refused to start your workstation (Internal error "
+                              "occurred: injected fault"), message
+    log = log_since(hub, offset)
+    assert "Unhandled error starting pia's server: " in log
+    tail = log[log.index("Unhandled error starting pia's server"):]
+    assert "Traceback (most recent call last)" in tail, tail
+    assert "KubeError: 500 InternalError: Internal error occurred: injected fault: etcdserver: request timed out " \
+           "(POST /apis/cdi.kubevirt.io/v1beta1/namespaces/notebook-pia/datavolumes)" in tail, tail
