@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-SOURCE_DIR = PACKAGE_DIR.parent
-LOCAL_CONFIG = SOURCE_DIR / "hub-config" / "local_config.py"
+SOURCE_DIR = PACKAGE_DIR.parent  # the checkout, when run from one (its node_modules has the proxy)
+DEMO_CONFIG = PACKAGE_DIR / "data" / "demo_config.py"  # package data: the demo works from a wheel
 DEMO_PASSWORD = "demo"
 
 
@@ -119,9 +119,9 @@ def start_proxy(settings: HubSettings, log_path: Path) -> subprocess.Popen:
     return proc
 
 
-def start_hub(settings: HubSettings, log_path: Path, config: Path = LOCAL_CONFIG) -> subprocess.Popen:
+def start_hub(settings: HubSettings, log_path: Path, config: Path = DEMO_CONFIG) -> subprocess.Popen:
     if not config.exists():
-        raise DemoError(f"the local hub config {config} is missing: run the demo from a source checkout")
+        raise DemoError(f"the demo's hub config {config} is missing: reinstall kubevirt-spawner")
     hub_dir = settings.state_dir / "hub"
     hub_dir.mkdir(parents=True, exist_ok=True)
     log = open(log_path, "ab")

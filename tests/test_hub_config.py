@@ -1,22 +1,23 @@
-"""Both hub configs load and give a spawner that passes its own configuration checks."""
+"""Both hub configs (production, and the demo's, which is package data) load and give a spawner that passes its own configuration checks."""
 
 from pathlib import Path
 
 from traitlets.config.loader import PyFileConfigLoader
 
+from kubevirt_spawner.demo import DEMO_CONFIG
 from kubevirt_spawner.spawner import KubeVirtSpawner
 
 HUB_CONFIG = Path(__file__).resolve().parents[1] / "hub-config"
 
 
-def load(name, env, monkeypatch):
+def load(path: Path, env, monkeypatch):
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    return PyFileConfigLoader(name, path=str(HUB_CONFIG)).load_config()
+    return PyFileConfigLoader(path.name, path=str(path.parent)).load_config()
 
 
 def test_production_config(monkeypatch):
-    c = load("jupyterhub_config.py", {"HUB_NAMESPACE": "hub-prod"}, monkeypatch)
+    c = load(HUB_CONFIG / "jupyterhub_config.py", {"HUB_NAMESPACE": "hub-prod"}, monkeypatch)
     assert c.JupyterHub.spawner_class == "kubevirt"
     assert c.JupyterHub.hub_connect_url == "http://hub.hub-prod.svc.cluster.local:8081"
     spawner = KubeVirtSpawner(config=c)
@@ -28,7 +29,7 @@ def test_local_demo_config(monkeypatch, tmp_path):
     env = {"KUBEVIRT_DEMO_STATE": str(tmp_path), "KUBEVIRT_DEMO_PORT": "8000", "KUBEVIRT_DEMO_HUB_PORT": "8081",
            "CONFIGPROXY_API_URL": "http://127.0.0.1:8001", "KUBEVIRT_DEMO_ADMIN_TOKEN": "x",
            "KUBEVIRT_SPAWNER_KUBECONFIG": str(tmp_path / "kubeconfig"), "KUBEVIRT_DEMO_EXTRA_CONFIG": ""}
-    c = load("local_config.py", env, monkeypatch)
+    c = load(DEMO_CONFIG, env, monkeypatch)
     spawner = KubeVirtSpawner(config=c)
     assert spawner.url_mode == "cluster-ip"
     assert [p["slug"] for p in spawner._profiles()] == ["cpu", "gpu-a100-1", "gpu-a100-2"]

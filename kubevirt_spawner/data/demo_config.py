@@ -1,5 +1,7 @@
 """JupyterHub config of the local demo (and the end-to-end tests): KubeVirtSpawner, unchanged,
-against the simulator's kubeconfig. `kubevirt-spawner demo` sets the environment it reads."""
+against the simulator's kubeconfig. `kubevirt-spawner demo` sets the environment it reads.
+
+Package data (not an importable module), so that the demo runs from an installed wheel."""
 
 import os
 

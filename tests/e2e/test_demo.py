@@ -7,14 +7,17 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import requests
-
 from conftest import Hub
 
 from kubevirt_spawner.demo import DemoError, free_port
+
 from simtools import wait_for
+
+CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 def children_of(pid: int) -> set[int]:
@@ -42,16 +45,43 @@ def alive(pid: int) -> bool:
         return False
 
 
-def start_demo(state, port) -> tuple[subprocess.Popen, dict]:
+def start_demo(state, port, command=(sys.executable, "-m", "kubevirt_spawner.cli"), **popen) -> tuple[
+        subprocess.Popen, dict]:
     info_file = state / "demo.json"
     if info_file.exists():
         info_file.unlink()
-    proc = subprocess.Popen([sys.executable, "-m", "kubevirt_spawner.cli", "demo", "--state", str(state),
-                             "--port", str(port), "--speed", "20"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen([*command, "demo", "--state", str(state), "--port", str(port), "--speed", "20"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
     wait_for(lambda: info_file.exists() or proc.poll() is not None, 90, 0.2, "demo.json")
     assert proc.poll() is None, proc.stdout.read()
     return proc, json.loads(info_file.read_text())
+
+
+def log_in(url: str, user: str, password: str) -> requests.Session:
+    """Log in through the hub's login form, as a person does."""
+    web = requests.Session()
+    web.get(f"{url}/hub/login", timeout=30)
+    ok = web.post(f"{url}/hub/login", data={"username": user, "password": password,
+                                            "_xsrf": web.cookies.get("_xsrf")}, timeout=30, allow_redirects=False)
+    assert ok.status_code == 302, ok.text
+    return web
+
+
+def spawn_from_form(web: requests.Session, url: str, profile: str):
+    started = web.post(f"{url}/hub/spawn", data={"profile": profile, "_xsrf": web.cookies.get("_xsrf")},
+                       timeout=60, allow_redirects=False)
+    assert started.status_code == 302, started.text
+
+
+def wait_ready(api: requests.Session, url: str, user: str, what: str):
+    wait_for(lambda: api.get(f"{url}/hub/api/users/{user}", timeout=30).json()["servers"].get("", {}).get("ready"),
+             90, 0.3, what)
+
+
+def admin_api(info: dict) -> requests.Session:
+    api = requests.Session()
+    api.headers["Authorization"] = f"token {info['admin_token']}"
+    return api
 
 
 def ctrl_c(proc) -> str:
@@ -70,15 +100,13 @@ def test_demo_runs_a_workstation_and_stops_everything_on_ctrl_c(tmp_path):
         assert info["url"] == f"http://127.0.0.1:{port}" and os.path.exists(info["kubeconfig"])
 
         # Log in like a person: the documented password works, a wrong one does not.
-        web = requests.Session()
-        login = f"{info['url']}/hub/login"
-        web.get(login, timeout=30)
-        bad = web.post(login, data={"username": "ada", "password": "nope", "_xsrf": web.cookies.get("_xsrf")},
-                       timeout=30, allow_redirects=False)
+        stranger = requests.Session()
+        stranger.get(f"{info['url']}/hub/login", timeout=30)
+        bad = stranger.post(f"{info['url']}/hub/login", data={"username": "ada", "password": "nope",
+                                                              "_xsrf": stranger.cookies.get("_xsrf")},
+                            timeout=30, allow_redirects=False)
         assert bad.status_code == 403
-        ok = web.post(login, data={"username": "ada", "password": info["password"],
-                                   "_xsrf": web.cookies.get("_xsrf")}, timeout=30, allow_redirects=False)
-        assert ok.status_code == 302
+        web = log_in(info["url"], "ada", info["password"])
 
         # The options form lists the profiles; submitting it starts the chosen one.
         form = web.get(f"{info['url']}/hub/spawn", timeout=30)
@@ -86,14 +114,10 @@ def test_demo_runs_a_workstation_and_stops_everything_on_ctrl_c(tmp_path):
         for slug in ("cpu", "gpu-a100-1", "gpu-a100-2"):
             assert f'value="{slug}"' in form.text
         assert "GPU workstation: 1x A100" in form.text
-        started = web.post(f"{info['url']}/hub/spawn", data={"profile": "cpu", "_xsrf": web.cookies.get("_xsrf")},
-                           timeout=60, allow_redirects=False)
-        assert started.status_code == 302, started.text
+        spawn_from_form(web, info["url"], "cpu")
 
-        api = requests.Session()
-        api.headers["Authorization"] = f"token {info['admin_token']}"
-        wait_for(lambda: api.get(f"{info['url']}/hub/api/users/ada", timeout=30).json()["servers"].get("", {})
-                 .get("ready"), 90, 0.3, "ada's server")
+        api = admin_api(info)
+        wait_ready(api, info["url"], "ada", "ada's server")
         assert api.get(f"{info['url']}/hub/api/users/ada", timeout=30).json()["servers"][""]["user_options"] == \
             {"profile": "cpu"}
         r = api.get(f"{info['url']}/user/ada/api/contents/etc/os-release", timeout=30)
@@ -106,8 +130,7 @@ def test_demo_runs_a_workstation_and_stops_everything_on_ctrl_c(tmp_path):
 
         # The next run resumes the same cluster: ada's machine boots again and the hub adopts it.
         proc, info = start_demo(state, port)
-        wait_for(lambda: api.get(f"{info['url']}/hub/api/users/ada", timeout=30).json()["servers"].get("", {})
-                 .get("ready"), 90, 0.3, "ada's server after the restart")
+        wait_ready(api, info["url"], "ada", "ada's server after the restart")
         r = api.get(f"{info['url']}/user/ada/api/contents/etc/os-release", timeout=30)
         assert r.status_code == 200, r.text
         ctrl_c(proc)
@@ -124,3 +147,41 @@ def test_bad_configuration_stops_the_hub_at_start_up_naming_the_setting(e2e_sim,
         assert "KubeVirtSpawner.golden_image = 'golden': give the golden image PVC as namespace/name" in hub.log()
     finally:
         hub.close()
+
+
+def test_the_demo_runs_from_an_installed_wheel_outside_any_checkout(tmp_path):
+    """`pip install <wheel>` + `kubevirt-spawner demo --state DIR`, in a directory with no source tree
+    and no upstream schemas: the hub config is package data, and the simulator starts without the
+    schemas, saying so once. (The venv sees the machine's packages for the dependencies; the
+    project itself comes from the wheel, which the test checks.)"""
+    wheels, venv, work = tmp_path / "wheels", tmp_path / "venv", tmp_path / "elsewhere"
+    work.mkdir()
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(wheels),
+                    str(CHECKOUT)], check=True, timeout=300)
+    wheel = next(wheels.glob("kubevirt_spawner-*.whl"))
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
+    subprocess.run([venv / "bin" / "python", "-m", "pip", "install", "--quiet", "--no-deps", "--ignore-installed",
+                    str(wheel)], check=True, timeout=300)
+    env = {key: value for key, value in os.environ.items() if key not in ("KUBEVIRT_SCHEMAS_DIR", "PYTHONPATH")}
+    env["PATH"] = f"{CHECKOUT / 'node_modules' / '.bin'}{os.pathsep}{env['PATH']}"  # configurable-http-proxy
+    where = subprocess.run([venv / "bin" / "python", "-c", "import kubevirt_spawner; print(kubevirt_spawner.__file__)"],
+                           cwd=work, env=env, capture_output=True, text=True, check=True).stdout
+    assert where.startswith(str(venv)), where
+
+    proc, info = start_demo(work / "state", free_port(), command=(str(venv / "bin" / "kubevirt-spawner"),),
+                            cwd=work, env=env)
+    try:
+        web = log_in(info["url"], "wendy", info["password"])
+        spawn_from_form(web, info["url"], "cpu")
+        api = admin_api(info)
+        wait_ready(api, info["url"], "wendy", "wendy's server")
+        landing = web.get(f"{info['url']}/user/wendy/", timeout=60)
+        assert landing.status_code == 200 and landing.url.startswith(f"{info['url']}/user/wendy/"), landing.url
+        r = api.get(f"{info['url']}/user/wendy/api/contents/etc/os-release", timeout=30)
+        assert r.status_code == 200 and "Ubuntu" in r.json()["content"], r.text
+        out = ctrl_c(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert out.count("upstream KubeVirt/CDI API schemas were not found") == 1, out
+    assert "checked by the simulator's own admission rules only" in out
