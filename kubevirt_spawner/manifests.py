@@ -102,7 +102,7 @@ def labels(ident: Identity, component: str, spec: MachineSpec | None = None) -> 
     return out
 
 
-def annotations(ident: Identity, spec: MachineSpec | None = None) -> dict:
+def identity_annotations(ident: Identity, spec: MachineSpec | None = None) -> dict:
     out = dict(spec.extra_annotations) if spec else {}
     out[ANNOTATION_USERNAME] = ident.user
     if ident.server:
@@ -112,7 +112,7 @@ def annotations(ident: Identity, spec: MachineSpec | None = None) -> dict:
 
 def _meta(ident: Identity, name: str, component: str, spec: MachineSpec | None = None, **extra) -> dict:
     return {"name": name, "namespace": ident.namespace, "labels": labels(ident, component, spec),
-            "annotations": {**annotations(ident, spec), **extra}}
+            "annotations": {**identity_annotations(ident, spec), **extra}}
 
 
 def namespace(ident: Identity) -> dict:
@@ -163,6 +163,8 @@ def root_datavolume(ident: Identity, spec: MachineSpec) -> dict:
 
 def workspace_datavolume(ident: Identity, spec: MachineSpec) -> dict:
     """The optional workspace disk: blank, and kept when the system is reset."""
+    if not spec.workspace_disk_size:
+        raise ValueError("this machine has no workspace disk (workspace_disk_size is not set)")
     return _datavolume(ident, ident.workspace, "workspace", spec, {"blank": {}}, spec.workspace_disk_size)
 
 
@@ -185,7 +187,7 @@ def virtual_machine(ident: Identity, spec: MachineSpec) -> dict:
     volumes += [{"name": "cloudinit", "cloudInitNoCloud": {"networkData": NETWORK_DATA,
                                                            "secretRef": {"name": ident.secret}}},
                 {"name": ENV_DISK_SERIAL, "secret": {"secretName": ident.secret}}]
-    gpus = []
+    gpus: list[dict] = []
     for device, count in spec.gpus:
         for _ in range(count):
             gpus.append({"name": f"gpu{len(gpus)}", "deviceName": device})
@@ -212,7 +214,7 @@ def virtual_machine(ident: Identity, spec: MachineSpec) -> dict:
             "metadata": _meta(ident, ident.vm, "workstation", spec, **profile),
             "spec": {"runStrategy": "Halted",
                      "template": {"metadata": {"labels": labels(ident, "workstation", spec),
-                                               "annotations": annotations(ident, spec)},
+                                               "annotations": identity_annotations(ident, spec)},
                                   "spec": template_spec}}}
 
 

@@ -88,7 +88,7 @@ def options_form(profiles: list[dict], current: str | None = None) -> str:
     """JupyterHub options form: one radio button per profile."""
     if not profiles:
         return ""
-    chosen = current or default_profile(profiles)["slug"]
+    chosen = current or (default_profile(profiles) or {}).get("slug")
     rows = []
     for p in profiles:
         slug = html.escape(p["slug"], quote=True)

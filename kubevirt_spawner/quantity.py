@@ -5,12 +5,12 @@ from __future__ import annotations
 import re
 from decimal import Decimal
 
-_SUFFIX = {"": 1, "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
+_SUFFIX: dict[str, int | Decimal] = {"": 1, "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
            "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 _RE = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)([a-zA-Z]*)$")
 
 
-def parse_quantity(value) -> Decimal:
+def parse_quantity(value: str | int | float | Decimal) -> Decimal:
     if isinstance(value, (int, float)):
         return Decimal(str(value))
     m = _RE.match(str(value).strip())
@@ -23,7 +23,7 @@ def parse_quantity(value) -> Decimal:
 def format_bytes(n: int | Decimal) -> str:
     n = int(n)
     for suffix in ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki"):
-        size = _SUFFIX[suffix]
+        size = int(_SUFFIX[suffix])
         if n and n % size == 0:
             return f"{n // size}{suffix}"
     return str(n)

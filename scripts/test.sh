@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up (idempotently) and run every test. Used by the README's quick start and by .ci/run.
+# Set up (idempotently) and run every check and test. Used by the README's quick start and by .ci/run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
@@ -7,4 +7,11 @@ if ! command -v kubectl >/dev/null 2>&1; then
   echo "kubectl is needed by the kubectl contract tests; install kubectl 1.32" >&2
   exit 1
 fi
+echo "== ruff (pyflakes, import order, bugbear)"
+python3 -m ruff check .
+echo "== mypy (production modules)"
+python3 -m mypy
+echo "== import contracts (production never imports the simulator)"
+lint-imports --no-cache
+echo "== pytest"
 python3 -m pytest -q "$@"

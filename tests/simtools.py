@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 import requests
-
 from kubernetes import client, config
 
 from kubevirt_spawner.sim import SimulatorThread
@@ -33,6 +32,14 @@ def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05, what: str
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out waiting for {what} (last value: {last!r})")
+
+
+def answers(url: str) -> bool:
+    """Whether `url` answers 200 now; a server that is not listening (yet) is a plain no."""
+    try:
+        return requests.get(url, timeout=1).status_code == 200
+    except requests.RequestException:  # refused, reset or timed out
+        return False
 
 
 def sim_api(sim, method: str, path: str, body: dict | None = None) -> dict:

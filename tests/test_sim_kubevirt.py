@@ -9,8 +9,8 @@ import pytest
 import requests
 from kubernetes.client.rest import ApiException
 
-from simtools import start_sim, api_client, wait_for
 from kube_objects import CDI, KV, SNAP, clone_dv, vm
+from simtools import answers, api_client, start_sim, wait_for
 
 SUB = "/apis/subresources.kubevirt.io/v1/namespaces/{ns}/{kind}/{name}/{action}"
 
@@ -150,13 +150,7 @@ def test_guest_runs_jupyter_on_its_root_disk_behind_the_service(custom, core, ns
     assert action(sim, ns, "g", "start").status_code == 202
     wait_for(lambda: vm_status(custom, ns, "g") == "Running", what="running")
     url = f"http://{svc.spec.cluster_ip}:8888"
-
-    def api_up():
-        try:
-            return requests.get(url + "/api", timeout=2).status_code == 200
-        except requests.RequestException:
-            return False
-    wait_for(api_up, timeout=60, interval=0.3, what="jupyter behind the service")
+    wait_for(lambda: answers(url + "/api"), timeout=60, interval=0.3, what="jupyter behind the service")
     requests.put(url + "/api/contents/opt/marker.txt", json={"type": "file", "format": "text", "content": "x"})
     pvc = core.read_namespaced_persistent_volume_claim("g-disk", ns)
     root = os.path.join(sim.cluster.state_dir, "volumes", pvc.spec.volume_name)
@@ -187,7 +181,7 @@ def test_guest_runs_jupyter_on_its_root_disk_behind_the_service(custom, core, ns
     requests.put(f"{sim.url}/sim/v1/vmis/{ns}/g/agent", json={"connected": True})
     assert action(sim, ns, "g", "stop").status_code == 202
     wait_for(lambda: get(custom, KV, ns, "virtualmachineinstances", "g") is None, what="stopped")
-    assert not api_up()
+    assert not answers(url + "/api")
     r = agent(sim, ns, "g", "guestosinfo")
     assert r.status_code == 404
     assert core.read_namespaced_persistent_volume_claim("g-disk", ns).status.phase == "Bound"
@@ -263,7 +257,7 @@ def test_double_attach_on_one_node_is_recorded(custom, core, sim):
         body["spec"]["template"]["spec"]["nodeSelector"] = pin
         custom.create_namespaced_custom_object(*KV, ns, "virtualmachines", body)
         action(sim, ns, name, "start")
-        wait_for(lambda: vm_status(custom, ns, name) == "Running", what=f"{name} running")
+        wait_for(lambda n=name: vm_status(custom, ns, n) == "Running", what=f"{name} running")
     violations = requests.get(f"{sim.url}/sim/v1/violations").json()["violations"]
     assert violations and violations[-1]["claim"] == "shared" and violations[-1]["vmis"] == ["x", "y"]
     sim.call(lambda: sim.cluster.compute.violations.clear())
@@ -399,7 +393,7 @@ def test_simulator_restart_keeps_running_machines(tmp_path):
     try:
         custom2 = client.CustomObjectsApi(api_client(s2))
         assert vm_status(custom2, "keep", "k") == "Running"
-        wait_for(lambda: requests.get(f"http://{ip}:8888/api", timeout=1).status_code == 200, what="guest back")
+        wait_for(lambda: answers(f"http://{ip}:8888/api"), what="guest back")
     finally:
         s2.stop()
 

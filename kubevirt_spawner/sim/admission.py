@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from . import errors
+from ..objects import field_value
 from ..quantity import format_bytes, parse_quantity
+from . import errors
 from .resources import BY_KIND, ResourceType
-from .selectors import field_value
 
 RUN_STRATEGIES = ("Always", "Halted", "Manual", "RerunOnFailure", "Once", "WaitAsReceiver")
 SNAPSHOT_KINDS = ("VirtualMachineSnapshot", "VirtualMachineSnapshotContent", "VirtualMachineRestore")
@@ -136,7 +136,9 @@ def check_quota(store, namespace: str, request: dict, rt: ResourceType, name: st
             if used.get(resource, 0) + amount > parse_quantity(limit):
                 over.append(resource)
         if over:
-            fmt = lambda r, v: format_bytes(v) if r.endswith("storage") else str(int(v))  # noqa: E731
+            def fmt(resource: str, value: float) -> str:
+                return format_bytes(value) if resource.endswith("storage") else str(int(value))
+
             requested = ",".join(f"{r}={fmt(r, request[r])}" for r in over)
             usednow = ",".join(f"{r}={fmt(r, used.get(r, 0))}" for r in over)
             limited = ",".join(f"{r}={hard[r]}" for r in over)

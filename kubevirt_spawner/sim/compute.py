@@ -8,12 +8,12 @@ import copy
 import logging
 import os
 
+from ..objects import field_value
 from . import errors
 from .admission import check_quota, gpu_requests
-from .guests import Guest, guest_arguments, first_boot, guest_environment
+from .guests import Guest, first_boot, guest_arguments, guest_environment
 from .resources import BY_KIND
 from .scheduler import node_ready, schedule
-from .selectors import field_value
 from .timeutil import now_iso, seconds_since
 
 log = logging.getLogger(__name__)

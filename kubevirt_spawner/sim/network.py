@@ -7,9 +7,10 @@ import asyncio
 import copy
 import logging
 
+from ..objects import field_value
 from .compute import VMI
 from .resources import BY_KIND
-from .selectors import field_value, match_labels_matcher
+from .selectors import match_labels_matcher
 
 log = logging.getLogger(__name__)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections import Counter
 from decimal import Decimal
 
-from .admission import gpu_requests
+from ..objects import field_value
 from ..quantity import parse_quantity
-from .selectors import field_value
+from .admission import gpu_requests
 
 
 def vmi_requests(vmi: dict) -> dict[str, Decimal]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Callable
 
-from ..objects import field_value  # noqa: F401 (the sim's modules import it from here)
+from ..objects import field_value
 from .errors import bad_request
 
 Matcher = Callable[[dict], bool]

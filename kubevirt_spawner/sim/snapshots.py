@@ -8,9 +8,9 @@ import copy
 import logging
 import os
 
+from ..objects import field_value
 from .compute import VM, VMI, claim_names, condition, run_strategy, set_condition
 from .resources import BY_KIND
-from .selectors import field_value
 from .storage import copy_tree, replace_tree
 from .timeutil import now_iso, seconds_since
 

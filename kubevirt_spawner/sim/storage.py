@@ -9,12 +9,12 @@ import logging
 import os
 import shutil
 
+from ..objects import field_value
+from ..quantity import parse_quantity
 from . import errors
 from .admission import admit
 from .compute import condition, set_condition
-from ..quantity import parse_quantity
 from .resources import BY_KIND
-from .selectors import field_value
 
 log = logging.getLogger(__name__)
 

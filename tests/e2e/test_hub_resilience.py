@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import Hub
+
 from simtools import wait_for
 
 
