@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from pathlib import Path
 
 import pytest
 from kubernetes import client
@@ -12,17 +13,33 @@ from kubevirt_spawner.sim.schema import SchemaRegistry, schema_not_found_message
 
 from simtools import api_client, start_sim
 
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+def absent_outside_data(reason: str):
+    """Data that stays outside the project (../shared) is missing: the test that needs it is
+    skipped with the reason, except in CI, where that is a failure."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true but {reason}")
+    pytest.skip(reason)
+
 
 @pytest.fixture(scope="session")
 def schemas() -> SchemaRegistry:
-    """The upstream KubeVirt/CDI schemas. They live outside the project: a test that needs them is
-    skipped, with the reason, where they are absent, except in CI, where that is a failure."""
+    """The upstream KubeVirt/CDI schemas."""
     registry = SchemaRegistry()
     if not registry.available:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true but {schema_not_found_message()}")
-        pytest.skip(schema_not_found_message())
+        absent_outside_data(schema_not_found_message())
     return registry
+
+
+@pytest.fixture(scope="session")
+def design_manifests() -> Path:
+    """The design document's manifests (../shared/seed/manifests beside the checkout)."""
+    path = CHECKOUT.parent / "shared" / "seed" / "manifests"
+    if not path.is_dir():
+        absent_outside_data(f"the design document's manifests were not found at {path}")
+    return path
 
 
 @pytest.fixture(scope="module")

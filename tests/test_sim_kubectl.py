@@ -5,13 +5,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from simtools import wait_for
-
-SEED = Path(__file__).resolve().parents[1].parent / "shared" / "seed" / "manifests"
 
 
 @pytest.fixture(scope="module")
@@ -26,10 +23,11 @@ def kubectl(sim):
     return run
 
 
-def test_design_document_manifests_run_a_gpu_workstation(kubectl, tmp_path):
+def test_design_document_manifests_run_a_gpu_workstation(kubectl, tmp_path, design_manifests):
+    seed = design_manifests
     kubectl("apply", "-f", "-", stdin="apiVersion: v1\nkind: Namespace\nmetadata:\n  name: notebook-alice\n")
-    out = kubectl("apply", "-f", str(SEED / "alice-rootdisk.yaml"), "-f", str(SEED / "alice-gpu-workstation.yaml"),
-                  "-f", str(SEED / "alice-notebook-service.yaml")).stdout
+    out = kubectl("apply", "-f", str(seed / "alice-rootdisk.yaml"), "-f", str(seed / "alice-gpu-workstation.yaml"),
+                  "-f", str(seed / "alice-notebook-service.yaml")).stdout
     assert "datavolume.cdi.kubevirt.io/alice-rootdisk created" in out
     assert "virtualmachine.kubevirt.io/alice-gpu-workstation created" in out
     kubectl("wait", "--for=condition=Ready", "dv/alice-rootdisk", "-n", "notebook-alice", "--timeout=30s")
@@ -48,7 +46,7 @@ def test_design_document_manifests_run_a_gpu_workstation(kubectl, tmp_path):
     assert node == "vm-gpu-pci-1"
     vm = json.loads(kubectl("get", "vm", "alice-gpu-workstation", "-n", "notebook-alice", "-o", "json").stdout)
     assert vm["status"]["printableStatus"] == "Running"
-    snap = kubectl("apply", "-f", str(SEED / "alice-before-cuda-upgrade.yaml")).stdout
+    snap = kubectl("apply", "-f", str(seed / "alice-before-cuda-upgrade.yaml")).stdout
     assert "created" in snap
     kubectl("wait", "--for=jsonpath={.status.phase}=Succeeded", "vmsnapshot/alice-before-cuda-upgrade",
             "-n", "notebook-alice", "--timeout=30s")

@@ -80,6 +80,8 @@ def test_a_lost_node_blocks_the_start_until_it_is_fenced(hub, cluster):
         r = hub.request_start("hana")
         assert f"still attached to a machine on node {node}" in r.text, r.text
         assert "confirms that" in r.text and "fenced" in r.text
+        assert "Not starting hana's server : 409 WorkstationError(reason=lost-node)" in hub.log()
+        assert "Unhandled error starting hana's server" not in hub.log()
         assert cluster.vmi("notebook-hana", "hana-workstation")["status"]["nodeName"] == node
 
         cluster.sim_api("POST", f"/nodes/{node}/fence")
