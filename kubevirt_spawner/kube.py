@@ -16,7 +16,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Sequence
 from urllib.parse import quote, urlencode
 
 import urllib3
@@ -57,6 +57,11 @@ DV = Kind("DataVolume", "cdi.kubevirt.io", "v1beta1", "datavolumes")
 VM_SUBRESOURCES = Kind("VirtualMachine", "subresources.kubevirt.io", "v1", "virtualmachines")
 
 RETRY_STATUS = {429, 500, 502, 503, 504}
+
+
+def json_pointer_token(key: str) -> str:
+    """A map key as one JSON pointer segment (RFC 6901): `~` and `/` escaped."""
+    return key.replace("~", "~0").replace("/", "~1")
 
 
 class KubeError(Exception):
@@ -246,6 +251,10 @@ class Kube:
 
     async def patch(self, kind: Kind, namespace: str | None, name: str, patch: dict) -> dict:
         return await self.call("PATCH", kind.path(namespace, name), None, patch, "application/merge-patch+json")
+
+    async def json_patch(self, kind: Kind, namespace: str | None, name: str, ops: Sequence[dict]) -> dict:
+        """An RFC 6902 patch: unlike a merge patch, `replace` drops what the new value leaves out."""
+        return await self.call("PATCH", kind.path(namespace, name), None, ops, "application/json-patch+json")
 
     async def delete(self, kind: Kind, namespace: str | None, name: str) -> bool:
         """Delete; False when it was already gone."""

@@ -37,7 +37,7 @@ Report = Callable[[int, str], None]
 
 class WorkstationError(SpawnException):
     """A failure the user can act on. `message` is the sentence shown to them; `reason` a short
-    label (`gpu-unavailable`, `disk-shrink`, `timeout`...) for the hub's log and metrics. JupyterHub
+    label (`gpu-unavailable`, `disk-missing`, `timeout`...) for the hub's log and metrics. JupyterHub
     logs these without a traceback."""
 
     def __init__(self, message: str, *, reason: str, status_code: int = 400):
@@ -274,6 +274,7 @@ class Workstation:
         desired["metadata"]["annotations"][ANNOTATION_SPEC_HASH] = spec_hash(desired)
         if vm is None:
             vm = await self._ensure(k.VM, desired)
+        await self._resize_disks(report)
         await self._update_stopped_vm(vm, desired)
         if self.service is None:
             await self._ensure(k.SERVICE, m.service(ident, spec))
@@ -309,34 +310,39 @@ class Workstation:
         return existing
 
     async def _update_stopped_vm(self, vm: dict, desired: dict):
-        """A changed profile takes effect at the next start: new VM spec, and a larger disk."""
+        """A changed profile takes effect at the next start. The template is replaced whole (a
+        merge patch would keep what the new profile leaves out: GPUs, node selectors, limits)."""
         ident = self.ident
-        await self._resize_rootdisk()
         annotations = vm["metadata"].get("annotations") or {}
         if annotations.get(ANNOTATION_SPEC_HASH) == desired["metadata"]["annotations"][ANNOTATION_SPEC_HASH]:
             return
         if self.status() not in ("stopped", "failed"):
             return  # a running machine keeps its spec; the next start applies it
-        patch = {"metadata": {"labels": desired["metadata"]["labels"], "annotations": desired["metadata"]["annotations"]},
-                 "spec": {"template": desired["spec"]["template"]}}
-        await self.kube.patch(k.VM, ident.namespace, ident.vm, patch)
-        self.log.info("updated the spec of %s (profile %s %s)", ident.vm, self.spec.profile, self.spec.profile_version)
+        ops = [{"op": "replace", "path": "/spec/template", "value": desired["spec"]["template"]}]
+        for part in ("labels", "annotations"):
+            if vm["metadata"].get(part) is None:
+                ops.append({"op": "add", "path": f"/metadata/{part}", "value": {}})
+            ops += [{"op": "add", "path": f"/metadata/{part}/{k.json_pointer_token(key)}", "value": value}
+                    for key, value in desired["metadata"][part].items()]
+        await self.kube.json_patch(k.VM, ident.namespace, ident.vm, ops)
+        self.log.info("replaced the machine spec (profile %s %s)", self.spec.profile or "-", self.spec.profile_version)
 
-    async def _resize_rootdisk(self):
-        pvc = self.rootdisk_pvc
-        if pvc is None:
-            return
-        current = field_value(pvc, "spec.resources.requests.storage")
-        wanted = self.spec.root_disk_size
-        if not current or parse_quantity(wanted) == parse_quantity(current):
-            return
-        if parse_quantity(wanted) < parse_quantity(current):
-            raise WorkstationError(
-                f"Your system disk is {current}, and the selected profile asks for {wanted}: disks can grow but "
-                f"never shrink. Choose a profile with a disk of at least {current}.", reason="disk-shrink")
-        await self.kube.patch(k.PVC, self.ident.namespace, self.ident.rootdisk,
-                              {"spec": {"resources": {"requests": {"storage": wanted}}}})
-        self.log.info("expanding %s from %s to %s", self.ident.rootdisk, current, wanted)
+    async def _resize_disks(self, report: Report):
+        """A profile's disk sizes are minimums: a smaller disk grows, a larger one stays as it is
+        (disks never shrink, and the disk is the user's whatever machine size they pick)."""
+        for name, wanted, what in ((self.ident.rootdisk, self.spec.root_disk_size, "system disk"),
+                                   (self.ident.workspace, self.spec.workspace_disk_size, "workspace disk")):
+            pvc = self.caches.pvcs.get(self.ident.namespace, name)
+            current = field_value(pvc, "spec.resources.requests.storage")
+            if not (wanted and current) or parse_quantity(wanted) == parse_quantity(current):
+                continue
+            if parse_quantity(wanted) < parse_quantity(current):
+                report(4, f"Keeping your {current} {what} (the profile asks for at least {wanted})")
+                continue
+            await self.kube.patch(k.PVC, self.ident.namespace, name,
+                                  {"spec": {"resources": {"requests": {"storage": wanted}}}})
+            report(4, f"Growing your {what} from {current} to {wanted}")
+            self.log.info("expanding %s from %s to %s", name, current, wanted)
 
     async def _write_env(self, env: dict[str, str], args: list[str], new: bool):
         """One request: create the Secret for a new workstation, replace it for an existing one."""

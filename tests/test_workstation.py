@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import types
 
@@ -16,6 +17,7 @@ from kubevirt_spawner import kube as k
 from kubevirt_spawner import manifests as m
 from kubevirt_spawner import names
 from kubevirt_spawner import spawner as spawner_module
+from kubevirt_spawner.objects import field_value
 from kubevirt_spawner.reflector import Caches
 from kubevirt_spawner.spawner import KubeVirtSpawner
 from kubevirt_spawner.workstation import CloneGate, Settings, Workstation, WorkstationError
@@ -197,23 +199,35 @@ async def test_no_free_gpu_fail_fast_explains_and_leaves_nothing_running(env):
     await waiting.stop()
 
 
-async def test_profile_changes_update_a_stopped_vm_and_grow_but_never_shrink_the_disk(env):
-    ws = workstation(env, "wes", m.MachineSpec(cpu="2", root_disk_size="60Gi"))
+async def test_profile_changes_replace_the_machine_and_treat_disk_sizes_as_minimums(env):
+    """GPU -> CPU leaves no GPU, GPU placement or old limits behind (the template is replaced, not
+    merged); a larger disk is kept, a smaller one grows; both directions start."""
+    gpu = m.MachineSpec(cpu="4", memory="8Gi", cpu_limit="8", memory_limit="16Gi", gpus=((GPU, 1),),
+                        root_disk_size="80Gi", profile="gpu", profile_version="1", **GPU_PLACEMENT)
+    ws = workstation(env, "wes", gpu)
     await ws.start({}, [])
     await ws.stop()
-    bigger = workstation(env, "wes", m.MachineSpec(cpu="4", memory="8Gi", root_disk_size="80Gi", profile="big",
-                                                   profile_version="2"))
-    await bigger.start({}, [])
-    vm = bigger.vm
-    assert vm["spec"]["template"]["spec"]["domain"]["resources"]["requests"] == {"cpu": "4", "memory": "8Gi"}
-    assert vm["metadata"]["annotations"][m.ANNOTATION_PROFILE_VERSION] == "2"
-    assert bigger.rootdisk_pvc["spec"]["resources"]["requests"]["storage"] == "80Gi"
+    seen: list[str] = []
+    cpu = workstation(env, "wes", m.MachineSpec(cpu="2", memory="4Gi", root_disk_size="60Gi", profile="cpu",
+                                                profile_version="1"))
+    await cpu.start({}, [], lambda p, msg: seen.append(msg))
+    assert "Keeping your 80Gi system disk (the profile asks for at least 60Gi)" in seen
+    template = cpu.vm["spec"]["template"]["spec"]
+    assert template["domain"]["resources"] == {"requests": {"cpu": "2", "memory": "4Gi"}}
+    assert "gpus" not in template["domain"]["devices"]
+    assert "nodeSelector" not in template and "tolerations" not in template
+    assert cpu.vm["metadata"]["annotations"][m.ANNOTATION_PROFILE] == "cpu"
+    assert field_value(cpu.vmi, "status.nodeName") != "vm-gpu-pci-1"
+    assert cpu.rootdisk_pvc["spec"]["resources"]["requests"]["storage"] == "80Gi"
+    await cpu.stop()
+    bigger = workstation(env, "wes", dataclasses.replace(gpu, root_disk_size="100Gi", profile_version="2"))
+    seen.clear()
+    await bigger.start({}, [], lambda p, msg: seen.append(msg))
+    assert "Growing your system disk from 80Gi to 100Gi" in seen
+    assert bigger.vm["spec"]["template"]["spec"]["domain"]["devices"]["gpus"] == [{"name": "gpu0", "deviceName": GPU}]
+    assert bigger.vm["spec"]["template"]["spec"]["domain"]["resources"]["limits"] == {"cpu": "8", "memory": "16Gi"}
+    assert bigger.rootdisk_pvc["spec"]["resources"]["requests"]["storage"] == "100Gi"
     await bigger.stop()
-    smaller = workstation(env, "wes", m.MachineSpec(root_disk_size="70Gi"))
-    with user_error("disk-shrink", "disks can grow but never shrink"):
-        await smaller.start({}, [])
-    assert smaller.rootdisk_pvc["spec"]["resources"]["requests"]["storage"] == "80Gi"
-    assert smaller.vmi is None
 
 
 async def test_a_missing_root_disk_is_reported_never_silently_recreated(env):

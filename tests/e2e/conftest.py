@@ -4,6 +4,7 @@ local hub config (the demo's), driven through the hub's REST API and the proxy."
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -117,6 +118,27 @@ class Hub:
                 if line and line.startswith("data:"):
                     events.append(json.loads(line[5:]))
         return events
+
+    def start_and_watch(self, user: str, server: str = "", profile: str | None = None, timeout: float = 60) -> list[str]:
+        """Start a server and read its whole progress stream while it starts (the hub answers the
+        start request only after a while, and a stream opened after the start has ended says "ready"
+        only): the messages, in order."""
+        answer: list[requests.Response] = []
+        request = threading.Thread(target=lambda: answer.append(self.request_start(user, server, profile)))
+        request.start()
+        url = f"{self.url}/hub/api{self.server_path(user, server)}/progress"
+        deadline = time.monotonic() + timeout
+        events: list[dict] = []
+        while not events and time.monotonic() < deadline:
+            with self.http.get(url, stream=True, timeout=timeout) as r:
+                if r.status_code == 200:
+                    events = [json.loads(line[5:]) for line in r.iter_lines(decode_unicode=True)
+                              if line and line.startswith("data:")]
+                else:
+                    time.sleep(0.05)  # not starting yet
+        request.join(timeout)
+        assert answer and answer[0].status_code in (201, 202), answer
+        return [e["message"] for e in events]
 
     def stop_server(self, user: str, server: str = "", timeout: float = 120):
         r = self.api("DELETE", self.server_path(user, server))

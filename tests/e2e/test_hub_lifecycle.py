@@ -1,4 +1,5 @@
-"""A real JupyterHub with KubeVirtSpawner against the simulator: start, files, stop, resume."""
+"""A real JupyterHub with KubeVirtSpawner against the simulator: start, files, stop, resume, and
+profile switches in both directions (a profile's disk size is a minimum)."""
 
 from __future__ import annotations
 
@@ -55,10 +56,26 @@ def test_files_survive_stop_and_start_and_a_stopped_gpu_is_free_for_others(hub, 
     assert all(0 <= e["progress"] <= 100 for e in bob_events)
     hub.stop_server("bob")
 
-    # A profile with a smaller disk is refused, and nothing changes.
-    r = hub.request_start("alice", profile="cpu")
-    assert "Your system disk is 150Gi, and the selected profile asks for 60Gi" in r.text
-    assert cluster.vmi("notebook-alice", "alice-workstation") is None
+    # A day of writing on the CPU profile (60Gi): her 150Gi disk stays as it is, and the machine is a
+    # CPU machine through and through (no GPU, no GPU placement, no old resources).
+    timing = cluster.sim_api("GET", "/timing")["timing"]
+    cluster.sim_api("PUT", "/timing", {"launch": 100})  # 5 s at this speed: time to read the progress stream
+    try:
+        messages = hub.start_and_watch("alice", profile="cpu")
+    finally:
+        cluster.sim_api("PUT", "/timing", timing)
+    hub.wait_ready("alice")
+    assert messages.count("Keeping your 150Gi system disk (the profile asks for at least 60Gi)") == 1, messages
+    template = cluster.vm("notebook-alice", "alice-workstation")["spec"]["template"]["spec"]
+    assert "gpus" not in template["domain"]["devices"]
+    assert "nodeSelector" not in template and "tolerations" not in template
+    assert template["domain"]["resources"] == {"requests": {"cpu": "2", "memory": "4Gi"}}
+    assert cluster.vmi("notebook-alice", "alice-workstation")["status"]["nodeName"] != "vm-gpu-pci-1"
+    pvcs = {p["metadata"]["name"]: p for p in cluster.pvcs("notebook-alice")}
+    assert pvcs["alice-rootdisk"]["spec"]["resources"]["requests"]["storage"] == "150Gi"
+    for path in MACHINE_PATHS:
+        assert hub.read_file("alice", path) == f"alice wrote {path}"
+    hub.stop_server("alice")
 
     # alice comes back with one GPU: the same machine, with everything she installed.
     hub.start_server("alice", profile="gpu-a100-1")

@@ -64,13 +64,16 @@ def test_user_failures_are_spawn_exceptions_with_a_reason_and_no_traceback(hub, 
     assert message.endswith("Try again later or choose a profile without a GPU.")
     wait_for(lambda: cluster.vmi("notebook-owen", "owen-workstation") is None, 30, what="owen's VMI gone")
 
-    # A profile whose disk is smaller than mia's.
+    # mia's system disk is gone (deleted by hand): never re-cloned behind her back.
     hub.stop_server("mia")
-    r = hub.request_start("mia", profile="cpu")
-    assert "Your system disk is 150Gi, and the selected profile asks for 60Gi" in r.text
+    cluster.custom.delete_namespaced_custom_object("cdi.kubevirt.io", "v1beta1", "notebook-mia", "datavolumes",
+                                                   "mia-rootdisk")
+    wait_for(lambda: not cluster.pvcs("notebook-mia"), 30, what="mia's disk gone")
+    r = hub.request_start("mia", profile="gpu-a100-2")
+    assert "Your system disk notebook-mia/mia-rootdisk is missing" in r.text + str(wait_failed(hub, "mia")), r.text
 
     log = log_since(hub, offset)
-    for user, reason in (("nora", "profile"), ("owen", "gpu-unavailable"), ("mia", "disk-shrink")):
+    for user, reason in (("nora", "profile"), ("owen", "gpu-unavailable"), ("mia", "disk-missing")):
         assert re.search(rf"Not starting {user}'s server : \d+ WorkstationError\(reason={reason}\): ", log), log
     assert "Traceback" not in log and "Unhandled error" not in log, log
 
