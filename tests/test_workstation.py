@@ -203,15 +203,17 @@ async def test_profile_changes_replace_the_machine_and_treat_disk_sizes_as_minim
     """GPU -> CPU leaves no GPU, GPU placement or old limits behind (the template is replaced, not
     merged); a larger disk is kept, a smaller one grows; both directions start."""
     gpu = m.MachineSpec(cpu="4", memory="8Gi", cpu_limit="8", memory_limit="16Gi", gpus=((GPU, 1),),
-                        root_disk_size="80Gi", profile="gpu", profile_version="1", **GPU_PLACEMENT)
+                        root_disk_size="80Gi", workspace_disk_size="20Gi", profile="gpu", profile_version="1",
+                        **GPU_PLACEMENT)
     ws = workstation(env, "wes", gpu)
     await ws.start({}, [])
     await ws.stop()
     seen: list[str] = []
-    cpu = workstation(env, "wes", m.MachineSpec(cpu="2", memory="4Gi", root_disk_size="60Gi", profile="cpu",
-                                                profile_version="1"))
+    cpu = workstation(env, "wes", m.MachineSpec(cpu="2", memory="4Gi", root_disk_size="60Gi",
+                                                workspace_disk_size="10Gi", profile="cpu", profile_version="1"))
     await cpu.start({}, [], lambda p, msg: seen.append(msg))
     assert "Keeping your 80Gi system disk (the profile asks for at least 60Gi)" in seen
+    assert "Keeping your 20Gi workspace disk (the profile asks for at least 10Gi)" in seen
     template = cpu.vm["spec"]["template"]["spec"]
     assert template["domain"]["resources"] == {"requests": {"cpu": "2", "memory": "4Gi"}}
     assert "gpus" not in template["domain"]["devices"]
@@ -220,10 +222,12 @@ async def test_profile_changes_replace_the_machine_and_treat_disk_sizes_as_minim
     assert field_value(cpu.vmi, "status.nodeName") != "vm-gpu-pci-1"
     assert cpu.rootdisk_pvc["spec"]["resources"]["requests"]["storage"] == "80Gi"
     await cpu.stop()
-    bigger = workstation(env, "wes", dataclasses.replace(gpu, root_disk_size="100Gi", profile_version="2"))
+    bigger = workstation(env, "wes", dataclasses.replace(gpu, root_disk_size="100Gi", workspace_disk_size="30Gi",
+                                                         profile_version="2"))
     seen.clear()
     await bigger.start({}, [], lambda p, msg: seen.append(msg))
     assert "Growing your system disk from 80Gi to 100Gi" in seen
+    assert "Growing your workspace disk from 20Gi to 30Gi" in seen
     assert bigger.vm["spec"]["template"]["spec"]["domain"]["devices"]["gpus"] == [{"name": "gpu0", "deviceName": GPU}]
     assert bigger.vm["spec"]["template"]["spec"]["domain"]["resources"]["limits"] == {"cpu": "8", "memory": "16Gi"}
     assert bigger.rootdisk_pvc["spec"]["resources"]["requests"]["storage"] == "100Gi"
