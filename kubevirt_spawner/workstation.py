@@ -222,6 +222,7 @@ class Workstation:
             new = self.vm is None
             await self._provision(report)
             await self._write_env(env, args, new)
+            await self._wait_for_shutdown(report, deadline)
             await self._request_start(report)
             return await self._wait_ready(report, deadline)
         except BaseException as exc:
@@ -355,6 +356,23 @@ class Workstation:
                 raise
             await second(k.SECRET, secret)
 
+    async def _wait_for_shutdown(self, report: Report, deadline: float):
+        """A machine still shutting down (a stop moments ago) must be gone before a start: KubeVirt
+        refuses a start while the old VMI's phase is not final, even while it is being deleted."""
+        def shutting_down() -> bool:
+            vmi = self.vmi
+            return vmi is not None and bool(vmi["metadata"].get("deletionTimestamp")) \
+                and field_value(vmi, "status.phase") not in FINAL_PHASES
+        if not shutting_down():
+            return
+        report(6, "Waiting for your workstation to finish shutting down")
+        try:
+            await self.caches.wait_for(lambda: not shutting_down(), max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            raise WorkstationError(f"Your workstation did not start within {self.settings.start_timeout:.0f} seconds "
+                                   "while waiting for its previous shutdown to finish. Try again in a minute.",
+                                   reason="timeout", status_code=504) from None
+
     async def _request_start(self, report: Report):
         ident = self.ident
         vmi = self.vmi
@@ -434,8 +452,8 @@ class Workstation:
         except k.KubeError as err:
             if err.not_found or (err.conflict and "not running" in err.message):
                 return
-            if err.conflict and now:
-                return  # already stopping with no shorter grace period to apply
+            if err.conflict and (now or "shorter graceperiod" in err.message):
+                return  # already stopping (KubeVirt takes a second stop only to shorten the grace period)
             raise
 
     # ------------------------------------------------------------ retire

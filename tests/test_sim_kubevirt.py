@@ -417,3 +417,76 @@ def test_grace_period_bounds_a_guest_that_ignores_shutdown(custom, core, sim):
         assert 0.9 <= time.monotonic() - t0 < 10
     finally:
         sim.call(lambda: setattr(sim.cluster, "guest_command", None))
+
+
+def test_a_graceful_stop_takes_the_guests_time_and_virt_api_answers_calls_meanwhile(custom, core, sim):
+    """A stop lasts as long as the guest takes to shut down, bounded by the grace period
+    (virt-handler, pkg/virt-handler/vm.go); meanwhile virt-api (pkg/virt-api/rest/lifecycle.go)
+    refuses a start (it looks at the VMI's phase, not its deletion), a second stop without a shorter
+    grace period, and a restart of a Halted VM; a stop with gracePeriod 0 powers the guest off."""
+    import time
+    ns = "slow-stop"
+    core.create_namespace({"metadata": {"name": ns}})
+    make_disk(custom, ns, "st-disk")
+    body = vm("st", "st-disk")
+    body["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 600
+    custom.create_namespaced_custom_object(*KV, ns, "virtualmachines", body)
+    guest = f"{sim.url}/sim/v1/vmis/{ns}/st/guest"
+    assert requests.put(guest, json={"shutdownSeconds": 80}).status_code == 200  # 2 s at the tests' speed
+    assert action(sim, ns, "st", "start").status_code == 202
+    wait_for(lambda: vm_status(custom, ns, "st") == "Running", what="running")
+    t0 = time.monotonic()
+    assert action(sim, ns, "st", "stop").status_code == 202
+    wait_for(lambda: (get(custom, KV, ns, "virtualmachineinstances", "st") or {}).get("metadata", {})
+             .get("deletionTimestamp"), what="VMI deleting")
+    assert vmi_phase(custom, ns, "st") == "Running" and vm_status(custom, ns, "st") == "Stopping"
+    r = action(sim, ns, "st", "start")
+    assert r.status_code == 409 and r.json()["message"].endswith(": VM is already running")
+    r = action(sim, ns, "st", "stop")
+    assert r.status_code == 409 and r.json()["message"].endswith(
+        ": Halted only supports manual stop requests with a shorter graceperiod")
+    r = action(sim, ns, "st", "restart")
+    assert r.status_code == 409 and r.json()["message"].endswith(
+        ": RunStategy Halted does not support manual restart requests")  # sic, as upstream spells it
+    wait_for(lambda: get(custom, KV, ns, "virtualmachineinstances", "st") is None, timeout=30, what="stopped")
+    assert 1.5 <= time.monotonic() - t0 < 15
+
+    # A guest that would take minutes: gracePeriod 0 during its shutdown powers it off now.
+    assert requests.put(guest, json={"shutdownSeconds": 4000}).status_code == 200
+    assert action(sim, ns, "st", "start").status_code == 202
+    wait_for(lambda: vm_status(custom, ns, "st") == "Running", what="running again")
+    assert action(sim, ns, "st", "stop").status_code == 202
+    wait_for(lambda: (get(custom, KV, ns, "virtualmachineinstances", "st") or {}).get("metadata", {})
+             .get("deletionTimestamp"), what="VMI deleting")
+    t0 = time.monotonic()
+    assert action(sim, ns, "st", "stop", {"gracePeriod": 0}).status_code == 202
+    wait_for(lambda: get(custom, KV, ns, "virtualmachineinstances", "st") is None, timeout=30, what="forced off")
+    assert time.monotonic() - t0 < 10
+    requests.delete(guest)
+
+
+def test_the_guest_agent_connects_when_the_guest_starts_it_or_never(custom, core, sim):
+    """AgentConnected is virt-handler's report of the guest agent's channel
+    (updateGuestAgentConditions, pkg/virt-handler/vm.go): it appears when the guest has started
+    its agent, which a guest may never do."""
+    ns = "agents"
+    core.create_namespace({"metadata": {"name": ns}})
+    make_disk(custom, ns, "ag-disk")
+    custom.create_namespaced_custom_object(*KV, ns, "virtualmachines", vm("ag", "ag-disk"))
+    guest = f"{sim.url}/sim/v1/vmis/{ns}/ag/guest"
+    assert requests.put(guest, json={"agentSeconds": None}).status_code == 200
+    assert requests.put(guest, json={"agentSeconds": "soon"}).status_code == 400
+
+    def agent_connected():
+        vmi = get(custom, KV, ns, "virtualmachineinstances", "ag") or {}
+        return any(c["type"] == "AgentConnected" and c["status"] == "True"
+                   for c in (vmi.get("status") or {}).get("conditions") or [])
+
+    assert action(sim, ns, "ag", "start").status_code == 202
+    wait_for(lambda: vm_status(custom, ns, "ag") == "Running", what="running")
+    with pytest.raises(AssertionError):
+        wait_for(agent_connected, timeout=2, what="an agent that never starts")
+    assert requests.put(guest, json={"agentSeconds": 0}).status_code == 200
+    wait_for(agent_connected, timeout=10, what="the agent, once the guest starts it")
+    action(sim, ns, "ag", "stop", {"gracePeriod": 0})
+    requests.delete(guest)

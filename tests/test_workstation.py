@@ -234,6 +234,33 @@ async def test_profile_changes_replace_the_machine_and_treat_disk_sizes_as_minim
     await bigger.stop()
 
 
+async def test_a_stop_during_a_slow_shutdown_is_fine_and_a_start_waits_for_it(env):
+    """KubeVirt takes a second stop only to shorten the grace period, and refuses a start while the
+    old VMI's phase is not final, even while it is being deleted (pkg/virt-api/rest/lifecycle.go):
+    the spawner waits the shutdown out instead of failing."""
+    ws = workstation(env, "tess", m.MachineSpec(termination_grace_period=600))
+    await ws.start({}, [])
+    guest = f"/vmis/{ws.ident.namespace}/{ws.ident.vm}/guest"
+    sim_api(env.sim, "PUT", guest, {"shutdownSeconds": 80})  # 2 s at the tests' speed
+    try:
+        await env.kube.vm_action(ws.ident.namespace, ws.ident.vm, "stop")  # someone else stopped it
+        await env.caches.wait_for(lambda: ws.vmi is not None and ws.vmi["metadata"].get("deletionTimestamp"), 10)
+        await ws.stop()  # answered 409 "shorter graceperiod": a stop is under way, so wait for it
+        assert ws.vmi is None
+
+        await ws.start({}, [])
+        await env.kube.vm_action(ws.ident.namespace, ws.ident.vm, "stop")
+        await env.caches.wait_for(lambda: ws.vmi is not None and ws.vmi["metadata"].get("deletionTimestamp"), 10)
+        old_uid = ws.vmi["metadata"]["uid"]
+        seen: list[str] = []
+        await ws.start({}, [], lambda p, msg: seen.append(msg))
+        assert "Waiting for your workstation to finish shutting down" in seen
+        assert ws.status() == "running" and ws.vmi["metadata"]["uid"] != old_uid
+    finally:
+        sim_api(env.sim, "DELETE", guest)
+    await ws.stop(now=True)
+
+
 async def test_a_missing_root_disk_is_reported_never_silently_recreated(env):
     ws = workstation(env, "xena")
     await ws.start({}, [])

@@ -38,7 +38,8 @@ DEFAULT_TIMING = {
     "schedule": 0.5,         # VMI Scheduling -> Scheduled
     "schedule_retry": 2.0,   # how often unschedulable or waiting work is retried
     "launch": 3.0,           # Scheduled -> Running (virt-launcher up, volumes attached)
-    "agent": 5.0,            # Running -> AgentConnected (the guest has booted)
+    "agent": 5.0,            # Running -> AgentConnected (the guest has booted and its agent started)
+    "shutdown": 4.0,         # a clean guest shutdown (ACPI) takes this long, bounded by the grace period
     "snapshot": 2.0,
     "restore": 2.0,
 }
@@ -249,7 +250,7 @@ class Cluster:
         if rt is VMI and grace is not None:
             guest = self.compute.guests.get(_key(obj))
             if guest is not None:
-                guest.grace_override = grace
+                guest.hurry(grace)
         if rt is NAMESPACE:
             name = obj["metadata"]["name"]
             for other in BY_KIND.values():

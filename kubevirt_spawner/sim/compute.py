@@ -28,6 +28,9 @@ SECRET = BY_KIND["Secret"]
 VM_FINALIZER = "kubevirt.io/virtualMachineControllerFinalize"
 VMI_FINALIZER = "foregroundDeleteVirtualMachine"
 FINAL = ("Succeeded", "Failed")
+# A VMI without terminationGracePeriodSeconds gets KubeVirt's DefaultGracePeriodSeconds
+# (staging/src/kubevirt.io/api/core/v1/types.go); nothing fills the field in.
+DEFAULT_GRACE_SECONDS = 30
 ATTACHED = ("Running", "Unknown")
 
 
@@ -86,6 +89,9 @@ class Compute:
         self.agents: dict[tuple[str, str], bool] = {}  # agent connectivity override per VMI
         self.users: dict[tuple[str, str], list[dict]] = {}
         self.gpu_utilization: dict[tuple[str, str], float] = {}
+        # Per guest (by VM name), in seconds at speed 1: {"agentSeconds": float | None (never),
+        # "shutdownSeconds": float}; the `agent` and `shutdown` timings otherwise.
+        self.guest_behaviour: dict[tuple[str, str], dict] = {}
         self.violations: list[dict] = []
         self._stopping: set[tuple[str, str]] = set()
 
@@ -217,7 +223,6 @@ class Compute:
                             "ownerReferences": [self.c.owner_ref(vm)], "finalizers": [VMI_FINALIZER]},
                "spec": spec, "status": {"phase": "Pending", "phaseTransitionTimestamps": [
                    {"phase": "Pending", "phaseTransitionTimestamp": now_iso()}]}}
-        obj["spec"].setdefault("terminationGracePeriodSeconds", 180)
         vmi = self.store.create(VMI, obj)
         self.c.events.record(vm, "Normal", "SuccessfulCreate", f"Started the virtual machine by creating the new "
                              f"virtual machine instance {name}", "virtualmachine-controller")
@@ -334,14 +339,22 @@ class Compute:
                 return self._add_requests(vm, [{"action": "Stop", "uid": vmi["metadata"]["uid"]}])
             return self._set_running(vm, False)
         if action == "restart":
-            if strategy == "Halted" or vmi is None:
-                raise errors.subresource_conflict(VM, name, "VM is not running")
-            if vmi["metadata"].get("deletionTimestamp"):
-                raise errors.subresource_conflict(VM, name, "Halted does not support manual restart requests"
-                                                  if strategy == "Halted" else "VM is stopping")
+            # As RestartVMRequestHandler does: no check of the VMI's phase or deletion.
             grace = body.get("gracePeriodSeconds")
+            if grace is not None and int(grace) > 0:
+                raise errors.bad_request("For force restart, only gracePeriod=0 is supported for now")
+            if grace is not None and int(grace) < 0:
+                raise errors.bad_request("gracePeriod has to be greater or equal to 0")
+            if strategy in ("Halted", "Once"):
+                raise errors.subresource_conflict(VM, name, f"RunStategy {strategy} does not support manual "
+                                                            "restart requests")
+            if vmi is None:
+                raise errors.subresource_conflict(VM, name, "VM is not running: Halted")
             if grace is not None:
-                self._hurry(vmi, int(grace))
+                new_vmi = copy.deepcopy(vmi)
+                new_vmi["spec"]["terminationGracePeriodSeconds"] = 1
+                self.store.update(VMI, new_vmi, check_rv=False)
+                self._hurry(vmi, 1)
             return self._add_requests(vm, [{"action": "Stop", "uid": vmi["metadata"]["uid"]}, {"action": "Start"}])
         raise errors.bad_request(f"unknown action {action}")
 
@@ -354,15 +367,20 @@ class Compute:
         self.store.update(VM, new, check_rv=False)
 
     def _add_requests(self, vm: dict, reqs: list[dict]):
+        """As getChangeRequestJson: added to none pending; a lone Stop replaces what is pending;
+        anything else while requests are pending is refused."""
         new = copy.deepcopy(vm)
         status = new.setdefault("status", {})
-        status["stateChangeRequests"] = list(status.get("stateChangeRequests") or []) + reqs
+        pending = list(status.get("stateChangeRequests") or [])
+        if pending and not (len(reqs) == 1 and reqs[0]["action"] == "Stop"):
+            raise errors.internal("unable to complete request: stop/start already underway")
+        status["stateChangeRequests"] = reqs
         self.store.update(VM, new, subresource="status", check_rv=False)
 
     def _hurry(self, vmi: dict, grace: int):
         g = self.guests.get((vmi["metadata"]["namespace"], vmi["metadata"]["name"]))
         if g is not None:
-            g.grace_override = grace
+            g.hurry(grace)
 
     # ================= VirtualMachineInstance controller
     async def reconcile_vmi(self, key):
@@ -559,7 +577,6 @@ class Compute:
         datas = self._secret_datas(vmi)
         guest = Guest(key, ip, root, guest_environment(datas), guest_arguments(datas),
                       os.path.join(self.c.state_dir, "guests", f"{key[0]}_{key[1]}.log"), self.c.guest_command)
-        guest.grace_override = None
         guest.uid = vmi["metadata"]["uid"]
         self.guests[key] = guest
         return guest
@@ -631,14 +648,24 @@ class Compute:
             drop_condition(status, "AgentConnected")
         self._write_vmi_status(vmi, status)
 
+    def _guest_seconds(self, key: tuple[str, str], what: str) -> float | None:
+        """How long the guest takes to start its agent / to shut down, at this speed (None: never)."""
+        behaviour = self.guest_behaviour.get(key) or {}
+        if f"{what}Seconds" in behaviour:
+            seconds = behaviour[f"{what}Seconds"]
+            return None if seconds is None else float(seconds) / self.c.speed
+        return self.c.t(what)
+
     def _agent_due(self, vmi: dict) -> bool:
-        """The agent comes up a little after boot (the `agent` delay)."""
+        """The guest agent connects once the guest has booted far enough to start it: the `agent`
+        delay, or the guest's own (which may be never)."""
+        key = (vmi["metadata"]["namespace"], vmi["metadata"]["name"])
         stamps = field_value(vmi, "status.phaseTransitionTimestamps") or []
         running = [s for s in stamps if s["phase"] == "Running"]
-        if not running:
+        due = self._guest_seconds(key, "agent")
+        if not running or due is None:
             return False
         elapsed = seconds_since(running[-1]["phaseTransitionTimestamp"])
-        due = self.c.t("agent")
         if elapsed + 1 >= due:  # timestamps have one-second resolution
             return True
         self.c.vmi_queue.add((vmi["metadata"]["namespace"], vmi["metadata"]["name"]), due - elapsed)
@@ -655,13 +682,8 @@ class Compute:
             return  # nobody can reach the node: the VMI stays until the node is fenced or comes back
         if guest is not None and phase == "Running":
             self._stopping.add(key)
-            grace = guest.grace_override
-            if grace is None:
-                grace = vmi["metadata"].get("deletionGracePeriodSeconds")
-            if grace is None:
-                grace = field_value(vmi, "spec.terminationGracePeriodSeconds") or 180
             try:
-                await guest.stop(float(grace))
+                await self._shut_down(guest, vmi)
             finally:
                 self._stopping.discard(key)
                 self.guests.pop(key, None)
@@ -679,6 +701,33 @@ class Compute:
         new = copy.deepcopy(vmi)
         new["metadata"]["finalizers"] = [f for f in vmi["metadata"].get("finalizers") or [] if f != VMI_FINALIZER]
         self.store.update(VMI, new, check_rv=False)
+
+    async def _shut_down(self, guest: Guest, vmi: dict):
+        """An ACPI shutdown as virt-handler drives it (pkg/virt-handler/vm.go): the guest takes its
+        shutdown time; once the grace period is over (a stop may shorten it meanwhile) it is
+        powered off."""
+        began = asyncio.get_running_loop().time()
+        shutdown = self._guest_seconds(guest.key, "shutdown") or 0.0
+
+        def grace() -> float:
+            value = guest.grace_override
+            if value is None:
+                value = vmi["metadata"].get("deletionGracePeriodSeconds")
+            if value is None:
+                value = field_value(vmi, "spec.terminationGracePeriodSeconds")
+            return float(DEFAULT_GRACE_SECONDS if value is None else value)
+
+        while True:
+            remaining = began + min(shutdown, grace()) - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                break
+            guest.hurried.clear()
+            try:
+                await asyncio.wait_for(guest.hurried.wait(), remaining)
+            except asyncio.TimeoutError:
+                break
+        left = began + grace() - asyncio.get_running_loop().time()
+        await guest.stop(max(left, 0.0))
 
     def _release(self, vmi: dict):
         self.c.release_ip("vmi", vmi["metadata"]["uid"])

@@ -52,6 +52,9 @@ class Faults:
         if path == "/clones/fail-next" and method == "POST":
             self.clone_failures += int(body.get("count", 1))
             return {"pending": self.clone_failures}
+        m = re.match(r"^/vmis/([^/]+)/([^/]+)/guest$", path)
+        if m:
+            return self._guest_behaviour((m.group(1), m.group(2)), method, body)
         m = re.match(r"^/vmis/([^/]+)/([^/]+)/(agent|users|gpu)$", path)
         if m:
             key = (m.group(1), m.group(2))
@@ -83,6 +86,25 @@ class Faults:
                     self.c.timing[k] = float(v)
             return {"timing": self.c.timing, "speed": self.c.speed}
         raise errors.ApiError(404, "NotFound", f"no simulator control endpoint {method} /sim/v1{path}")
+
+    def _guest_behaviour(self, key: tuple[str, str], method: str, body: dict) -> dict:
+        """How one guest (by VM name) boots and shuts down: {"agentSeconds": N or null for never,
+        "shutdownSeconds": N}, in seconds at speed 1. DELETE goes back to the cluster's timing."""
+        behaviour = self.c.compute.guest_behaviour
+        if method == "PUT":
+            unknown = set(body) - {"agentSeconds", "shutdownSeconds"}
+            bad = [k for k, v in body.items() if k in ("agentSeconds", "shutdownSeconds") and not (
+                (v is None and k == "agentSeconds") or (isinstance(v, (int, float)) and v >= 0))]
+            if unknown or bad:
+                raise errors.bad_request("give agentSeconds (a number of seconds, or null for never) and/or "
+                                         "shutdownSeconds (a number of seconds)")
+            behaviour.setdefault(key, {}).update(body)
+            self.c.vmi_queue.add(key)
+        elif method == "DELETE":
+            behaviour.pop(key, None)
+            self.c.vmi_queue.add(key)
+        return {"guest": behaviour.get(key, {}), "timing": {"agent": self.c.timing["agent"],
+                                                             "shutdown": self.c.timing["shutdown"]}}
 
     def _rules(self):
         return [{"verb": v, "resource": r, "rate": rate, "code": code}

@@ -93,6 +93,9 @@ class Guest:
         self.command = command
         self.proc: asyncio.subprocess.Process | None = None
         self.null_server: asyncio.AbstractServer | None = None
+        self.uid = ""  # of the VMI it runs for
+        self.grace_override: int | None = None  # a shorter grace period asked for during the shutdown
+        self.hurried = asyncio.Event()  # set when grace_override changes
 
     async def start_process(self):
         user = self.env.get("JUPYTERHUB_USER") or "jovyan"
@@ -132,8 +135,12 @@ class Guest:
             await self.null_server.wait_closed()
         return 0
 
+    def hurry(self, grace: int):
+        self.grace_override = grace
+        self.hurried.set()
+
     async def stop(self, grace: float):
-        """ACPI shutdown: SIGTERM, then SIGKILL when the grace period is over."""
+        """The end of an ACPI shutdown: SIGTERM, then SIGKILL when the grace period is over."""
         if self.null_server is not None:
             self.null_server.close()
             return 0
