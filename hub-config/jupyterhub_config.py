@@ -1,7 +1,9 @@
 """Production JupyterHub config: the hub runs in a pod of the cluster (Zero-to-JupyterHub style)
 and gives every user a KubeVirt workstation. Environment it reads:
 
-  HUB_NAMESPACE       namespace of the hub pod (the Service `hub` there is how guests reach it)
+  POD_NAMESPACE       namespace of the hub pod (Zero-to-JupyterHub sets it from the downward API;
+                      the Service `hub` there is how guests reach the hub)
+  CLUSTER_DOMAIN      the cluster's DNS domain (default cluster.local)
   GOLDEN_IMAGE        golden image PVC as namespace/name (default vm-images/ubuntu-24-04-cuda-golden)
   STORAGE_CLASS       RBD StorageClass (default ceph-rbd)
 
@@ -13,14 +15,15 @@ Authentication is site-specific: set c.JupyterHub.authenticator_class below.
 import os
 
 c = get_config()  # noqa: F821 (provided by JupyterHub)
-hub_namespace = os.environ.get("HUB_NAMESPACE", "jupyterhub")
+hub_namespace = os.environ.get("POD_NAMESPACE", "jupyterhub")
+cluster_domain = os.environ.get("CLUSTER_DOMAIN", "cluster.local")
 
 # --- hub and proxy, as in Zero-to-JupyterHub: the proxy runs in its own pod
 c.JupyterHub.ip = "0.0.0.0"
 c.JupyterHub.hub_ip = "0.0.0.0"
-c.JupyterHub.hub_connect_url = f"http://hub.{hub_namespace}.svc.cluster.local:8081"
+c.JupyterHub.hub_connect_url = f"http://hub.{hub_namespace}.svc.{cluster_domain}:8081"
 c.ConfigurableHTTPProxy.should_start = False
-c.ConfigurableHTTPProxy.api_url = f"http://proxy-api.{hub_namespace}.svc.cluster.local:8001"
+c.ConfigurableHTTPProxy.api_url = f"http://proxy-api.{hub_namespace}.svc.{cluster_domain}:8001"
 c.JupyterHub.cleanup_servers = False  # workstations keep running across hub restarts and upgrades
 c.JupyterHub.allow_named_servers = True
 c.JupyterHub.named_server_limit_per_user = 3
@@ -32,6 +35,7 @@ c.JupyterHub.cookie_secret_file = "/srv/jupyterhub/jupyterhub_cookie_secret"
 c.JupyterHub.spawner_class = "kubevirt"
 c.KubeVirtSpawner.kubeconfig = None  # in-cluster ServiceAccount
 c.KubeVirtSpawner.url_mode = "dns"
+c.KubeVirtSpawner.cluster_domain = cluster_domain
 c.KubeVirtSpawner.namespace_template = "notebook-{user}"
 c.KubeVirtSpawner.golden_image = os.environ.get("GOLDEN_IMAGE", "vm-images/ubuntu-24-04-cuda-golden")
 c.KubeVirtSpawner.storage_class = os.environ.get("STORAGE_CLASS", "ceph-rbd")

@@ -91,6 +91,14 @@ class KubeError(Exception):
         return self.status == 409
 
 
+def _seconds(header: str | None) -> float:
+    """A Retry-After header in seconds (the API server sends whole seconds); 0 when absent."""
+    try:
+        return max(0.0, float(header)) if header else 0.0
+    except ValueError:
+        return 0.0
+
+
 def _error_from(status: int, data: bytes, fallback: str = "") -> KubeError:
     text = (data or b"").decode("utf-8", "replace")
     try:
@@ -147,12 +155,16 @@ class Kube:
         return resp
 
     def request(self, method: str, path: str, query: dict | None = None, body=None,
-                content_type: str | None = None) -> dict | None:
-        """One API call with retries on 429/5xx/connection errors; the answer's JSON or None."""
+                content_type: str | None = None, repeatable: bool = True) -> dict | None:
+        """One API call with retries, with backoff and as long as `retry_timeout` allows, on 429
+        (after the server's Retry-After at least) and, for a `repeatable` call, on 5xx and
+        connection errors; the answer's JSON or None. A call that must not happen twice (a restart)
+        is not `repeatable`: a timeout or a 5xx may come after it took effect, a 429 never does."""
         deadline = time.monotonic() + self.retry_timeout
         attempt = 0
         while True:
             attempt += 1
+            retry_after = 0.0
             try:
                 resp = self._send(method, path, query, body, content_type, self.request_timeout)
                 status, data = resp.status, resp.data
@@ -164,14 +176,16 @@ class Kube:
                     except ValueError:
                         return None
                 err = _error_from(status, data, resp.reason or "")
+                retry_after = _seconds(resp.headers.get("Retry-After"))
             except ApiException as exc:
                 err = _error_from_exception(exc)
+                retry_after = _seconds((exc.headers or {}).get("Retry-After"))
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 err = KubeError(0, "ConnectionError", f"cannot reach the API server: {exc}")
             err.request = f"{method} {path}"
-            if err.status not in RETRY_STATUS and err.status != 0:
+            if err.status != 429 and (not repeatable or (err.status not in RETRY_STATUS and err.status != 0)):
                 raise err
-            delay = min(0.2 * 2 ** (attempt - 1), 5.0) * (0.5 + random.random() / 2)
+            delay = max(min(0.2 * 2 ** (attempt - 1), 5.0) * (0.5 + random.random() / 2), retry_after)
             if time.monotonic() + delay > deadline or self._closed.is_set():
                 raise err
             self.log.info("%s %s failed (%s); retry %d in %.1fs", method, path, err, attempt, delay)
@@ -205,9 +219,10 @@ class Kube:
 
     # ------------------------------------------------------------ async API
     async def call(self, method: str, path: str, query: dict | None = None, body=None,
-                   content_type: str | None = None):
+                   content_type: str | None = None, repeatable: bool = True):
         loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self.executor, self.request, method, path, query, body, content_type)
+        future = loop.run_in_executor(self.executor, self.request, method, path, query, body, content_type,
+                                      repeatable)
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
@@ -267,8 +282,11 @@ class Kube:
             raise
 
     async def vm_action(self, namespace: str, name: str, action: str, body: dict | None = None):
-        """KubeVirt's start/stop/restart subresource calls (PUT, answered with 202)."""
-        await self.call("PUT", VM_SUBRESOURCES.path(namespace, name, action), None, body or {})
+        """KubeVirt's start/stop/restart subresource calls (PUT, answered with 202). Start and stop
+        may be sent again (a second one is refused with 409, which callers expect); a restart that
+        may have landed must not be: it would restart the machine twice."""
+        await self.call("PUT", VM_SUBRESOURCES.path(namespace, name, action), None, body or {},
+                        repeatable=action != "restart")
 
     def close(self):
         self._closed.set()

@@ -28,6 +28,15 @@ def _key(obj: dict) -> tuple[str, str]:
     return meta.get("namespace") or "", meta.get("name") or ""
 
 
+def slim(obj: dict) -> dict:
+    """What the caches keep of an object: no `managedFields` (server-side apply bookkeeping that
+    no reader uses and that can be most of an object's size)."""
+    meta = obj.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+    return obj
+
+
 class Reflector:
     def __init__(self, kube: k.Kube, kind: k.Kind, on_change: Callable[[], None], namespace: str | None = None,
                  label_selector: str | None = None, keep: Callable[[dict], bool] | None = None,
@@ -87,7 +96,7 @@ class Reflector:
 
     # ------------------------------------------------ in the thread
     def _query(self) -> dict:
-        query = {}
+        query: dict[str, str] = {}
         if self.label_selector:
             query["labelSelector"] = self.label_selector
         if self.field_selector:
@@ -100,7 +109,7 @@ class Reflector:
             try:
                 listing = self.kube.request("GET", self.kind.path(self.namespace), self._query() or None) or {}
                 version = (listing.get("metadata") or {}).get("resourceVersion", "")
-                self._post(self._replace_all, listing.get("items") or [])
+                self._post(self._replace_all, [slim(o) for o in listing.get("items") or []])
                 failures = 0
                 self._follow(version)
             except k.KubeError as err:
@@ -122,7 +131,7 @@ class Reflector:
     def _follow(self, version: str):
         """Follow the watch until the server ends it; raise KubeError when it must restart."""
         while not self._stopping.is_set():
-            query = {**self._query(), "watch": "1", "resourceVersion": version,
+            query = {**self._query(), "watch": "1", "resourceVersion": version, "allowWatchBookmarks": "true",
                      "timeoutSeconds": str(random.randint(240, 360))}
             lines = self.kube.stream_lines(self.kind.path(self.namespace), query, (10, 400),
                                            on_open=lambda raw: setattr(self, "_response", raw))
@@ -136,7 +145,7 @@ class Reflector:
                     version = obj["metadata"]["resourceVersion"]
                     continue
                 version = (obj.get("metadata") or {}).get("resourceVersion", version)
-                self._post(self._apply, event["type"], obj)
+                self._post(self._apply, event["type"], slim(obj))
 
 
 class Caches:

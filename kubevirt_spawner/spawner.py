@@ -81,7 +81,9 @@ class KubeVirtSpawner(Spawner):
     # ---------------------------------------------------------------- behaviour
     url_mode = Enum(["dns", "cluster-ip"], default_value="dns", config=True, help="""
         How the hub reaches the guest: the Service's DNS name
-        (http://{service}.{namespace}.svc.cluster.local:8888) or its ClusterIP.""")
+        (http://{service}.{namespace}.svc.{cluster_domain}:8888) or its ClusterIP.""")
+    cluster_domain = Unicode("cluster.local", config=True, help="""
+        The cluster's DNS domain (the kubelet's clusterDomain), for Service DNS names.""")
     gpu_unavailable = Enum(["wait", "fail"], default_value="wait", config=True, help="""
         When no requested GPU is free: keep waiting until start_timeout, or fail at once.""")
     max_concurrent_clones = Integer(4, config=True, help="""
@@ -232,7 +234,8 @@ class KubeVirtSpawner(Spawner):
         if self._ident is None:
             await caches.wait_synced()
             self._ident = self._found_identity(caches) or self._template_identity()
-        settings = Settings(url_mode=self.url_mode, gpu_unavailable=self.gpu_unavailable,
+        settings = Settings(url_mode=self.url_mode, cluster_domain=self.cluster_domain,
+                            gpu_unavailable=self.gpu_unavailable,
                             start_timeout=max(1.0, self.start_timeout - 5), stop_timeout=self.stop_timeout,
                             retention_days=self.retention_days, clone_gate=shared["gate"])
         self._current = Workstation(shared["kube"], caches, self._ident, self._machine_spec(profile), settings,

@@ -115,6 +115,7 @@ class CloneGate:
 class Settings:
     """Hub-wide behaviour a Workstation needs from the spawner's configuration."""
     url_mode: str = "dns"  # or "cluster-ip"
+    cluster_domain: str = "cluster.local"
     gpu_unavailable: str = "wait"  # or "fail"
     start_timeout: float = 600.0
     stop_timeout: float = 300.0
@@ -194,7 +195,7 @@ class Workstation:
         if self.settings.url_mode == "cluster-ip":
             ip = field_value(self.service, "spec.clusterIP")
             return f"http://{ip}:{port}" if ip and ip != "None" else None
-        return f"http://{self.ident.service}.{self.ident.namespace}.svc.cluster.local:{port}"
+        return f"http://{self.ident.service}.{self.ident.namespace}.svc.{self.settings.cluster_domain}:{port}"
 
     def attached_elsewhere(self) -> list[dict]:
         """VMIs, ours included, that still hold the root disk (not finished)."""

@@ -17,12 +17,16 @@ def load(path: Path, env, monkeypatch):
 
 
 def test_production_config(monkeypatch):
-    c = load(HUB_CONFIG / "jupyterhub_config.py", {"HUB_NAMESPACE": "hub-prod"}, monkeypatch)
+    """The hub's namespace comes from POD_NAMESPACE, which Zero-to-JupyterHub's hub Deployment sets
+    from the downward API (jupyterhub/templates/hub/deployment.yaml)."""
+    c = load(HUB_CONFIG / "jupyterhub_config.py", {"POD_NAMESPACE": "hub-prod", "CLUSTER_DOMAIN": "corp.example"},
+             monkeypatch)
     assert c.JupyterHub.spawner_class == "kubevirt"
-    assert c.JupyterHub.hub_connect_url == "http://hub.hub-prod.svc.cluster.local:8081"
+    assert c.JupyterHub.hub_connect_url == "http://hub.hub-prod.svc.corp.example:8081"
+    assert c.ConfigurableHTTPProxy.api_url == "http://proxy-api.hub-prod.svc.corp.example:8001"
     spawner = KubeVirtSpawner(config=c)
     assert [p["slug"] for p in spawner._profiles()] == ["cpu-4", "gpu-a100-1"]
-    assert spawner.url_mode == "dns" and spawner.kubeconfig is None
+    assert spawner.url_mode == "dns" and spawner.kubeconfig is None and spawner.cluster_domain == "corp.example"
 
 
 def test_local_demo_config(monkeypatch, tmp_path):

@@ -11,7 +11,7 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from kube_objects import CDI, KV, SNAP, clone_dv, vm
-from simtools import start_sim, wait_for
+from simtools import sim_api, start_sim, wait_for
 
 
 def status_of(exc: ApiException) -> dict:
@@ -150,6 +150,30 @@ def test_watch_streams_resumes_and_expires(core, ns, sim):
         list(watch.Watch().stream(core.list_namespaced_config_map, ns, resource_version="1", timeout_seconds=1))
     assert e.value.status == 410
     sim.call(lambda: sim.cluster.store.history.clear())
+
+
+def test_watch_bookmarks_only_when_asked(core, ns, sim):
+    """With allowWatchBookmarks the API server's watch cache sends a BOOKMARK (the kind, and only a
+    resourceVersion) about once a minute and right before the watch ends
+    (staging/src/k8s.io/apiserver/pkg/storage/cacher/cacher.go, defaultBookmarkFrequency); without
+    it, none. (The minute is divided by the simulator's speed, here set shorter.)"""
+    saved = sim_api(sim, "GET", "/timing")["timing"]["bookmark"]
+    sim_api(sim, "PUT", "/timing", {"bookmark": 20})  # 0.5 s at the tests' speed
+    try:
+        core.create_namespaced_config_map(ns, {"metadata": {"name": "b1"}})
+        rv = core.list_namespaced_config_map(ns).metadata.resource_version
+        url = f"{sim.url}/api/v1/namespaces/{ns}/configmaps"
+        with_marks = requests.get(url, params={"watch": "1", "resourceVersion": rv, "allowWatchBookmarks": "true",
+                                               "timeoutSeconds": "2"}, timeout=10)
+        without = requests.get(url, params={"watch": "1", "resourceVersion": rv, "timeoutSeconds": "1"}, timeout=10)
+    finally:
+        sim_api(sim, "PUT", "/timing", {"bookmark": saved})
+    events = [json.loads(line) for line in with_marks.text.splitlines()]
+    assert len(events) >= 3 and {e["type"] for e in events} == {"BOOKMARK"}, events
+    assert events[0]["object"] == {"kind": "ConfigMap", "apiVersion": "v1",
+                                   "metadata": {"resourceVersion": events[0]["object"]["metadata"]["resourceVersion"]}}
+    assert int(events[-1]["object"]["metadata"]["resourceVersion"]) >= int(rv)
+    assert without.text == ""
 
 
 def test_watch_timeout_and_cut(core, ns, sim):

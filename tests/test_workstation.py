@@ -345,6 +345,58 @@ async def test_a_cluster_that_keeps_refusing_is_an_error_for_the_admin_not_a_use
     assert ws.vmi is None
 
 
+async def test_throttling_waits_as_long_as_the_server_asks(env):
+    """A 429 carries Retry-After (the API server's max-in-flight and priority-and-fairness filters,
+    staging/src/k8s.io/apiserver/pkg/server/filters/maxinflight.go, send 1 s): the client waits at
+    least that long instead of its own shorter backoff."""
+    import threading
+    import time
+    rule = {"verb": "create", "resource": "configmaps", "rate": 1, "code": 429}
+    sim_api(env.sim, "PUT", "/faults/api", rule)
+    threading.Timer(0.4, lambda: sim_api(env.sim, "DELETE", "/faults/api")).start()
+    t0 = time.monotonic()
+    await env.kube.call("POST", "/api/v1/namespaces/default/configmaps", None,
+                        {"metadata": {"name": f"throttled-{int(t0 * 1000)}"}})
+    assert time.monotonic() - t0 >= 0.95  # without Retry-After the backoff would have retried at ~0.5 s
+
+
+async def test_a_restart_that_may_have_landed_is_not_sent_again(env):
+    """Unlike start and stop (a repeat is refused with 409), a repeated restart would restart the
+    machine twice: after a 5xx it is not sent again."""
+    ws = workstation(env, "rory")
+    await ws.start({}, [])
+    sim_api(env.sim, "PUT", "/faults/api", {"verb": "update", "resource": "virtualmachines/restart", "rate": 1,
+                                            "code": 500})
+    before = counts(env.sim)
+    try:
+        with pytest.raises(k.KubeError) as caught:
+            await env.kube.vm_action(ws.ident.namespace, ws.ident.vm, "restart")
+    finally:
+        sim_api(env.sim, "DELETE", "/faults/api")
+    assert caught.value.status == 500
+    assert diff(before, counts(env.sim)).get("update virtualmachines/restart") == 1
+    await ws.stop(now=True)
+
+
+async def test_the_service_url_uses_the_cluster_domain(env):
+    ws = workstation(env, "nell", url_mode="dns", cluster_domain="corp.example")
+    assert ws.url() == f"http://{ws.ident.service}.{ws.ident.namespace}.svc.corp.example:8888"
+
+
+async def test_the_caches_keep_no_managed_fields(env):
+    """managedFields (server-side apply bookkeeping) are dropped from cached objects."""
+    ident = names.identity("mona")
+    await env.kube.create_or_get(k.NAMESPACE, {"metadata": {"name": ident.namespace}})
+    fields = [{"manager": "kubectl", "operation": "Update", "apiVersion": "v1", "fieldsType": "FieldsV1",
+               "fieldsV1": {"f:metadata": {"f:labels": {}}}}]
+    await env.kube.create(k.SERVICE, {"metadata": {"name": "mona-extra", "namespace": ident.namespace,
+                                                   "labels": {m.LABEL_WORKSTATION: ident.slug},
+                                                   "managedFields": fields},
+                                      "spec": {"ports": [{"port": 80}]}})
+    cached = await env.caches.wait_for(lambda: env.caches.services.get(ident.namespace, "mona-extra"), 10)
+    assert "managedFields" not in cached["metadata"] and cached["metadata"]["labels"]
+
+
 async def test_api_errors_and_throttling_are_retried(env):
     sim_api(env.sim, "PUT", "/faults/api", {"verb": "create", "resource": "*", "rate": 0.25, "code": 500})
     sim_api(env.sim, "PUT", "/faults/api", {"verb": "update", "resource": "*", "rate": 0.25, "code": 429})

@@ -39,6 +39,7 @@ DEFAULT_TIMING = {
     "schedule_retry": 2.0,   # how often unschedulable or waiting work is retried
     "launch": 3.0,           # Scheduled -> Running (virt-launcher up, volumes attached)
     "agent": 5.0,            # Running -> AgentConnected (the guest has booted and its agent started)
+    "bookmark": 60.0,        # watch BOOKMARK interval (the API server's watch cache: once a minute)
     "shutdown": 4.0,         # a clean guest shutdown (ACPI) takes this long, bounded by the grace period
     "snapshot": 2.0,
     "restore": 2.0,

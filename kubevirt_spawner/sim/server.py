@@ -274,6 +274,7 @@ class ApiHandler(tornado.web.RequestHandler):
         version = self.request.path.split("/")[3] if rt.group else "v1"
         rv_arg = self.get_argument("resourceVersion", "")
         timeout = float(self.get_argument("timeoutSeconds", "0") or 0) or 1800.0
+        bookmarks = self.get_argument("allowWatchBookmarks", "") == "true"
         self._watcher = w
         self.set_header("Content-Type", "application/json")
         initial: list = []
@@ -300,14 +301,23 @@ class ApiHandler(tornado.web.RequestHandler):
             for kind, obj in initial:
                 self.write(self._event_line(rt, kind, obj, version))
             await self.flush()
+            next_bookmark = loop.time() + self.cluster.t("bookmark")
             while True:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
+                    if bookmarks:  # and one right before the deadline, as the watch cache sends it
+                        self.write(self._bookmark_line(rt, version))
                     break
                 try:
-                    ev = await asyncio.wait_for(w.queue.get(), remaining)
+                    wait = min(remaining, next_bookmark - loop.time()) if bookmarks else remaining
+                    ev = await asyncio.wait_for(w.queue.get(), max(wait, 0))
                 except asyncio.TimeoutError:
-                    break
+                    if bookmarks and loop.time() >= next_bookmark:
+                        # Nothing is queued for this watcher: every change up to now has reached it.
+                        self.write(self._bookmark_line(rt, version))
+                        await self.flush()
+                        next_bookmark = loop.time() + self.cluster.t("bookmark")
+                    continue
                 if ev is None:
                     break
                 chunk = [self._event_line(rt, ev[0], ev[1], version)]
@@ -328,6 +338,13 @@ class ApiHandler(tornado.web.RequestHandler):
             self.store.watchers.discard(w)
         if not self.request.connection.stream.closed():
             self.finish()
+
+    def _bookmark_line(self, rt, version: str) -> str:
+        """A BOOKMARK (staging/src/k8s.io/apiserver/pkg/storage/cacher/cacher.go): an object of the
+        kind with only its resourceVersion, the store's current one."""
+        obj = {"kind": rt.kind, "apiVersion": rt.api_version(version),
+               "metadata": {"resourceVersion": str(self.store.rv)}}
+        return json.dumps({"type": "BOOKMARK", "object": obj}, separators=(",", ":")) + "\n"
 
     def _event_line(self, rt, kind: str, obj: dict, version: str) -> str:
         return json.dumps({"type": kind, "object": self._versioned(rt, obj, version)}, separators=(",", ":")) + "\n"
