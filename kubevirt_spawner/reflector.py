@@ -20,7 +20,9 @@ from . import kube as k
 
 T = TypeVar("T")
 
-WATCHED_EVENT_KINDS = {"VirtualMachine", "VirtualMachineInstance", "DataVolume", "PersistentVolumeClaim"}
+# Scheduling and attach failures are Events on the virt-launcher Pod, as on any cluster.
+WATCHED_EVENT_KINDS = {"VirtualMachine", "VirtualMachineInstance", "DataVolume", "PersistentVolumeClaim", "Pod"}
+FINAL_PHASES = ("Succeeded", "Failed")
 
 
 def _key(obj: dict) -> tuple[str, str]:
@@ -164,7 +166,9 @@ class Caches:
         self.dvs = Reflector(kube, k.DV, self._notify, namespace, sel)
         self.pvcs = Reflector(kube, k.PVC, self._notify, namespace, sel)
         self.services = Reflector(kube, k.SERVICE, self._notify, namespace, sel)
-        self.reflectors = [self.vms, self.vmis, self.dvs, self.pvcs, self.services]
+        # Whether a machine's node still answers: KubeVirt leaves the VMI Running on a lost node.
+        self.nodes = Reflector(kube, k.NODE, self._notify)
+        self.reflectors = [self.vms, self.vmis, self.dvs, self.pvcs, self.services, self.nodes]
         self.events = None
         if events:
             # Warnings only: they say why a start waits or fails, and they are a small share of a
@@ -233,12 +237,29 @@ class Caches:
     async def wait_synced(self, timeout: float | None = None):
         await self.wait_for(lambda: self.synced, timeout)
 
-    def events_for(self, namespace: str, names: set[str]) -> list[dict]:
-        """Cluster Events about the given objects, oldest first."""
+    def on_lost_node(self, vmi: dict) -> bool:
+        """A VMI that is not finished on a node that stopped answering (its Ready condition not
+        True, as the node lifecycle controller marks it) or that is gone: the machine may still run
+        there, holding its disk, until the node is fenced. KubeVirt keeps such a VMI Running."""
+        node_name = (vmi.get("status") or {}).get("nodeName")
+        if not node_name or (vmi.get("status") or {}).get("phase") in FINAL_PHASES:
+            return False
+        node = self.nodes.get("", node_name)
+        if node is None:
+            return True
+        ready = [c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"]
+        return not ready or ready[0].get("status") != "True"
+
+    def events_for(self, namespace: str, names: set[str], prefixes: tuple[str, ...] = ()) -> list[dict]:
+        """Cluster Events about the given objects (and those whose names start with a prefix, such
+        as a VM's launcher pods), oldest first."""
         if self.events is None:
             return []
+        def about(event: dict) -> bool:
+            name = (event.get("involvedObject") or {}).get("name") or ""
+            return name in names or any(name.startswith(prefix) for prefix in prefixes)
+
         out = [e for e in self.events.values()
-               if (e.get("metadata") or {}).get("namespace") == namespace
-               and (e.get("involvedObject") or {}).get("name") in names]
+               if (e.get("metadata") or {}).get("namespace") == namespace and about(e)]
         return sorted(out, key=lambda e: (e.get("lastTimestamp") or e.get("eventTime") or "",
                                           int((e.get("metadata") or {}).get("resourceVersion") or 0)))

@@ -350,7 +350,8 @@ class KubeVirtSpawner(Spawner):
                 yield event
             if self._ident is not None and self._start_began:
                 ident = self._ident
-                for ev in caches.events_for(ident.namespace, {ident.vm, ident.rootdisk, ident.workspace}):
+                for ev in caches.events_for(ident.namespace, {ident.vm, ident.rootdisk, ident.workspace},
+                                            (f"virt-launcher-{ident.vm}-",)):
                     key = (ev["metadata"].get("uid"), ev.get("count"), ev.get("lastTimestamp"))
                     stamp = ev.get("lastTimestamp") or ev.get("eventTime") or ""
                     if key in seen_events or stamp < self._start_began:

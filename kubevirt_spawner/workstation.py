@@ -180,7 +180,7 @@ class Workstation:
         if vmi is None:
             return "stopped"
         phase = field_value(vmi, "status.phase")
-        if phase == "Unknown":
+        if self.caches.on_lost_node(vmi):
             return "lost"
         if phase == "Failed":
             return "failed"
@@ -241,7 +241,7 @@ class Workstation:
         for vmi in self.attached_elsewhere():
             name = vmi["metadata"]["name"]
             node = field_value(vmi, "status.nodeName") or "an unknown node"
-            if field_value(vmi, "status.phase") == "Unknown":
+            if self.caches.on_lost_node(vmi):
                 raise WorkstationError(
                     f"Your workstation's disk is still attached to a machine on node {node}, which has stopped "
                     f"responding. It cannot start anywhere else until an administrator confirms that {node} is "
@@ -531,7 +531,7 @@ class _StartSteps:
         if vmi_phase in FINAL_PHASES:
             raise WorkstationError("Your workstation shut down while it was booting. Start it again; if it keeps "
                                    "happening, ask your administrator.", reason="boot-failed", status_code=500)
-        if vmi_phase == "Unknown":
+        if ws.caches.on_lost_node(vmi):
             ws._refuse_double_attach()
         scheduled = condition(vmi, "PodScheduled")
         if not field_value(vmi, "status.nodeName"):

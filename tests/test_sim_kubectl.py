@@ -44,6 +44,9 @@ def test_design_document_manifests_run_a_gpu_workstation(kubectl, tmp_path, desi
     node = kubectl("get", "vmi", "alice-gpu-workstation", "-n", "notebook-alice",
                    "-o", "jsonpath={.status.nodeName}").stdout
     assert node == "vm-gpu-pci-1"
+    # The design document's troubleshooting step: the launcher pod, on the VMI's node.
+    pods = kubectl("get", "pods", "-n", "notebook-alice", "-l", "kubevirt.io=virt-launcher", "-o", "wide").stdout
+    assert "virt-launcher-alice-gpu-workstation-" in pods and "Running" in pods and "vm-gpu-pci-1" in pods
     vm = json.loads(kubectl("get", "vm", "alice-gpu-workstation", "-n", "notebook-alice", "-o", "json").stdout)
     assert vm["status"]["printableStatus"] == "Running"
     snap = kubectl("apply", "-f", str(seed / "alice-before-cuda-upgrade.yaml")).stdout

@@ -10,7 +10,7 @@ import requests
 from kubernetes.client.rest import ApiException
 
 from kube_objects import CDI, KV, SNAP, clone_dv, vm
-from simtools import answers, api_client, start_sim, wait_for
+from simtools import answers, api_client, sim_api, start_sim, wait_for
 
 SUB = "/apis/subresources.kubevirt.io/v1/namespaces/{ns}/{kind}/{name}/{action}"
 
@@ -218,33 +218,97 @@ def test_delete_vm_keeps_standalone_pvc(custom, core, ns, sim):
     assert get(custom, CDI, ns, "datavolumes", "keep-disk") is not None
 
 
-def test_lost_node_fence_and_single_attach(custom, core, sim):
+def test_a_lost_node_keeps_its_vmi_running_until_its_launcher_pod_is_gone(custom, core, sim):
+    """Node loss as upstream shows it. Kubernetes' node lifecycle controller sets Ready=Unknown and the
+    unreachable taints (pkg/controller/nodelifecycle/node_lifecycle_controller.go) and marks the pods
+    not ready; taint eviction marks them for deletion, and they stay Terminating, no kubelet confirming
+    (pkg/controller/tainteviction/taint_eviction.go). KubeVirt never sets a VMI to phase Unknown: after
+    virt-handler's heartbeat timeout it labels the node kubevirt.io/schedulable=false with a
+    NodeUnresponsive event, and fails a VMI only once its launcher pod is gone
+    (pkg/virt-controller/watch/node/node.go), here when an admin taints the node out-of-service and
+    podgc force-deletes the pods (pkg/controller/podgc/gc_controller.go). Until then the VMI holds its
+    disk: a second VM waits with a Multi-Attach error on its launcher Pod."""
     ns = "fencing"
     core.create_namespace({"metadata": {"name": ns}})
-    running_vm(sim, custom, ns, "a")
-    node = custom.get_namespaced_custom_object(*KV, ns, "virtualmachineinstances", "a")["status"]["nodeName"]
-    requests.post(f"{sim.url}/sim/v1/nodes/{node}/lose")
-    wait_for(lambda: vmi_phase(custom, ns, "a") == "Unknown", what="VMI Unknown")
-    assert any(g["name"] == "a" and g["alive"] for g in requests.get(f"{sim.url}/sim/v1/guests").json()["guests"])
-    # Stopping cannot reach the lost node: the VMI stays, and so does its hold on the disk.
-    assert action(sim, ns, "a", "stop").status_code == 202
-    wait_for(lambda: (get(custom, KV, ns, "virtualmachineinstances", "a") or {}).get("metadata", {})
-             .get("deletionTimestamp"), what="deletion requested")
-    assert vmi_phase(custom, ns, "a") == "Unknown"
-    # A second VM on the same disk cannot attach it while the lost node may still write.
-    custom.create_namespaced_custom_object(*KV, ns, "virtualmachines", vm("b", "a-disk"))
-    assert action(sim, ns, "b", "start").status_code == 202
-    wait_for(lambda: any(e.reason == "FailedAttachVolume" for e in core.list_namespaced_event(ns).items),
-             what="Multi-Attach error")
-    assert vmi_phase(custom, ns, "b") == "Scheduled"
-    requests.post(f"{sim.url}/sim/v1/nodes/{node}/fence")
-    wait_for(lambda: get(custom, KV, ns, "virtualmachineinstances", "a") is None, what="fenced VMI gone")
-    wait_for(lambda: vmi_phase(custom, ns, "b") == "Running", what="b takes the disk")
-    assert custom.get_namespaced_custom_object(*KV, ns, "virtualmachineinstances", "b")["status"]["nodeName"] != node
-    assert requests.get(f"{sim.url}/sim/v1/violations").json()["violations"] == []
-    requests.post(f"{sim.url}/sim/v1/nodes/{node}/recover")
-    n = core.read_node(node)
-    assert next(c for c in n.status.conditions if c.type == "Ready").status == "True"
+    saved = sim_api(sim, "GET", "/timing")["timing"]
+    sim_api(sim, "PUT", "/timing", {"eviction": 40, "heartbeat_timeout": 40})  # 1 s each at the tests' speed
+    try:
+        running_vm(sim, custom, ns, "a")
+        vmi = custom.get_namespaced_custom_object(*KV, ns, "virtualmachineinstances", "a")
+        node = vmi["status"]["nodeName"]
+        pods = core.list_namespaced_pod(ns, label_selector="kubevirt.io=virt-launcher").items
+        assert [p.metadata.name for p in pods] == [p.metadata.name for p in pods if
+                                                    p.metadata.name.startswith("virt-launcher-a-")] and len(pods) == 1
+        pod = pods[0]
+        assert pod.spec.node_name == node and pod.status.phase == "Running"
+        assert pod.metadata.owner_references[0].uid == vmi["metadata"]["uid"]
+        assert pod.metadata.labels["kubevirt.io/created-by"] == vmi["metadata"]["uid"]
+
+        requests.post(f"{sim.url}/sim/v1/nodes/{node}/lose")
+        n = core.read_node(node)
+        assert next(c for c in n.status.conditions if c.type == "Ready").status == "Unknown"
+        assert {(t.key, t.effect) for t in n.spec.taints} >= {("node.kubernetes.io/unreachable", "NoSchedule"),
+                                                              ("node.kubernetes.io/unreachable", "NoExecute")}
+        wait_for(lambda: core.read_node(node).metadata.labels.get("kubevirt.io/schedulable") == "false",
+                 what="KubeVirt marks the node")
+        assert any(e.reason == "NodeUnresponsive" and e.involved_object.name == node
+                   for e in core.list_namespaced_event("default").items)
+        wait_for(lambda: core.read_namespaced_pod(pod.metadata.name, ns).metadata.deletion_timestamp,
+                 what="the pod evicted, and Terminating")
+        assert vmi_phase(custom, ns, "a") == "Running"
+        ready = [c for c in get(custom, KV, ns, "virtualmachineinstances", "a")["status"]["conditions"]
+                 if c["type"] == "Ready"]
+        assert ready[0]["status"] == "False"
+        assert any(g["name"] == "a" and g["alive"] for g in requests.get(f"{sim.url}/sim/v1/guests").json()["guests"])
+        # Stopping cannot reach the lost node: the VMI stays, Running, and so does its hold on the disk.
+        assert action(sim, ns, "a", "stop").status_code == 202
+        wait_for(lambda: (get(custom, KV, ns, "virtualmachineinstances", "a") or {}).get("metadata", {})
+                 .get("deletionTimestamp"), what="deletion requested")
+        assert vmi_phase(custom, ns, "a") == "Running"
+        custom.create_namespaced_custom_object(*KV, ns, "virtualmachines", vm("b", "a-disk"))
+        assert action(sim, ns, "b", "start").status_code == 202
+
+        def multi_attach():
+            return [e for e in core.list_namespaced_event(ns).items if e.reason == "FailedAttachVolume"]
+        events = wait_for(multi_attach, what="Multi-Attach error")
+        assert events[0].involved_object.kind == "Pod" and events[0].involved_object.name.startswith("virt-launcher-b-")
+        assert pod.metadata.name in events[0].message
+        assert vmi_phase(custom, ns, "b") == "Scheduled"
+
+        requests.post(f"{sim.url}/sim/v1/nodes/{node}/fence")
+        assert any(t.key == "node.kubernetes.io/out-of-service" and t.effect == "NoExecute"
+                   for t in core.read_node(node).spec.taints)
+        wait_for(lambda: get(custom, KV, ns, "virtualmachineinstances", "a") is None, what="fenced VMI gone")
+        assert any(e.reason == "NodeUnresponsive" and e.involved_object.name == "a"
+                   for e in core.list_namespaced_event(ns).items)
+        wait_for(lambda: vmi_phase(custom, ns, "b") == "Running", what="b takes the disk")
+        assert custom.get_namespaced_custom_object(*KV, ns, "virtualmachineinstances", "b")["status"]["nodeName"] != node
+        assert requests.get(f"{sim.url}/sim/v1/violations").json()["violations"] == []
+        requests.post(f"{sim.url}/sim/v1/nodes/{node}/recover")
+        n = core.read_node(node)
+        assert next(c for c in n.status.conditions if c.type == "Ready").status == "True"
+        assert not [t for t in n.spec.taints or [] if t.key.startswith("node.kubernetes.io/")]
+        wait_for(lambda: core.read_node(node).metadata.labels.get("kubevirt.io/schedulable") == "true",
+                 what="virt-handler back")
+    finally:
+        sim_api(sim, "PUT", "/timing", saved)
+    # KubeVirt has no use for phase Unknown: no VMI ever showed it.
+    assert not [e for e in core.list_namespaced_event(ns).items if "Unknown" in (e.message or "")]
+
+
+def test_a_deleted_launcher_pod_fails_its_vmi(custom, core, sim):
+    """A Running VMI whose launcher pod is gone is Failed (pkg/virt-controller/watch/vmi/lifecycle.go);
+    `kubectl delete pod --force` on a node that answers."""
+    ns = "podgone"
+    core.create_namespace({"metadata": {"name": ns}})
+    running_vm(sim, custom, ns, "p")
+    # Manual, so that the VM controller does not start a new VMI at once (Always would).
+    custom.patch_namespaced_custom_object(*KV, ns, "virtualmachines", "p", {"spec": {"runStrategy": "Manual"}})
+    pod = core.list_namespaced_pod(ns, label_selector="kubevirt.io=virt-launcher").items[0]
+    core.delete_namespaced_pod(pod.metadata.name, ns, grace_period_seconds=0)
+    wait_for(lambda: vmi_phase(custom, ns, "p") == "Failed", what="VMI failed")
+    assert not any(g["name"] == "p" and g["alive"] for g in requests.get(f"{sim.url}/sim/v1/guests").json()["guests"])
+    action(sim, ns, "p", "stop")
 
 
 def test_double_attach_on_one_node_is_recorded(custom, core, sim):

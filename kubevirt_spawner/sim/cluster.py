@@ -14,13 +14,14 @@ import socket
 import time
 
 from ..objects import field_value
-from .compute import VM, VMI, Compute
+from .compute import NODE, VM, VMI, Compute
 from .faults import Faults
+from .launcher import POD
 from .network import SERVICE, Network
 from .resources import BY_KIND
 from .runtime import EventRecorder, WorkQueue
 from .schema import SchemaRegistry, schema_not_found_message
-from .seed import seed_cluster
+from .seed import label_virt_handler_nodes, seed_cluster
 from .server import RequestCounter
 from .snapshots import RESTORE, SNAP, VS, Snapshots
 from .storage import DV, PVC, PVC_PROTECTION, Storage, default_storage_class
@@ -39,6 +40,8 @@ DEFAULT_TIMING = {
     "schedule_retry": 2.0,   # how often unschedulable or waiting work is retried
     "launch": 3.0,           # Scheduled -> Running (virt-launcher up, volumes attached)
     "agent": 5.0,            # Running -> AgentConnected (the guest has booted and its agent started)
+    "eviction": 300.0,       # pods on an unreachable node are evicted after the default tolerationSeconds
+    "heartbeat_timeout": 300.0,  # virt-handler's missed heartbeat before KubeVirt marks its node
     "bookmark": 60.0,        # watch BOOKMARK interval (the API server's watch cache: once a minute)
     "shutdown": 4.0,         # a clean guest shutdown (ACPI) takes this long, bounded by the grace period
     "snapshot": 2.0,
@@ -117,6 +120,10 @@ class Cluster:
         queue.add(key, due - now)
         return False
 
+    def forget_step(self, queue: WorkQueue, key, step: str):
+        """Stop the clock of a timed step that no longer applies (a lost node that is back)."""
+        self._due.pop((queue.name, key, step), None)
+
     # ---------- lifecycle
     async def start(self):
         _raise_file_limit()
@@ -129,10 +136,13 @@ class Cluster:
         self.snapshot_queue = WorkQueue("vmsnapshot", self.snapshots.reconcile_snapshot)
         self.restore_queue = WorkQueue("vmrestore", self.snapshots.reconcile_restore)
         self.service_queue = WorkQueue("service", self.network.reconcile_service)
+        self.node_queue = WorkQueue("node", self.compute.reconcile_node)
+        self.pod_queue = WorkQueue("pod", self.compute.reconcile_pod)
         self.queues = [self.vm_queue, self.vmi_queue, self.pvc_queue, self.dv_queue, self.snapshot_queue,
-                       self.restore_queue, self.service_queue]
+                       self.restore_queue, self.service_queue, self.node_queue, self.pod_queue]
         if self.fresh:
             seed_cluster(self)
+        label_virt_handler_nodes(self.store)
         for vmi in self.store.list(VMI):
             ip = (field_value(vmi, "status.interfaces") or [{}])[0].get("ipAddress")
             if ip and field_value(vmi, "status.phase") not in ("Succeeded", "Failed"):
@@ -147,7 +157,7 @@ class Cluster:
         self.started = True
         for rt, queue in ((VM, self.vm_queue), (VMI, self.vmi_queue), (PVC, self.pvc_queue), (DV, self.dv_queue),
                           (SNAP, self.snapshot_queue), (RESTORE, self.restore_queue),
-                          (SERVICE, self.service_queue)):
+                          (SERVICE, self.service_queue), (NODE, self.node_queue), (POD, self.pod_queue)):
             for obj in self.store.list(rt):
                 queue.add(_key(obj))
         self._tasks.append(asyncio.get_running_loop().create_task(self.store.flush_forever()))
@@ -207,6 +217,16 @@ class Cluster:
                     self.dv_queue.add(_key(dv))
         elif rt is SERVICE:
             self.service_queue.add(key)
+        elif rt is NODE:
+            self.node_queue.add(key)
+            for vmi in self.store.list(VMI):
+                if field_value(vmi, "status.nodeName") == obj["metadata"]["name"]:
+                    self.vmi_queue.add(_key(vmi))
+        elif rt is POD:
+            self.pod_queue.add(key)
+            for ref in obj["metadata"].get("ownerReferences") or []:
+                if ref.get("kind") == "VirtualMachineInstance":
+                    self.vmi_queue.add((ns, ref["name"]))
         elif rt is SNAP:
             self.snapshot_queue.add(key)
         elif rt is RESTORE:

@@ -11,7 +11,9 @@ import os
 from ..objects import field_value
 from . import errors
 from .admission import check_quota, gpu_requests
+from .conditions import condition, drop_condition, get_condition, set_condition
 from .guests import Guest, first_boot, guest_arguments, guest_environment
+from .launcher import POD, SCHEDULABLE_LABEL, Launchers, pod_ready
 from .resources import BY_KIND
 from .scheduler import node_ready, schedule
 from .timeutil import now_iso, seconds_since
@@ -31,36 +33,10 @@ FINAL = ("Succeeded", "Failed")
 # A VMI without terminationGracePeriodSeconds gets KubeVirt's DefaultGracePeriodSeconds
 # (staging/src/kubevirt.io/api/core/v1/types.go); nothing fills the field in.
 DEFAULT_GRACE_SECONDS = 30
-ATTACHED = ("Running", "Unknown")
+ATTACHED = ("Running",)
+UNREACHABLE = "node.kubernetes.io/unreachable"
+OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
 
-
-def condition(ctype: str, status: str, reason: str = "", message: str = "") -> dict:
-    c = {"type": ctype, "status": status, "lastProbeTime": None, "lastTransitionTime": now_iso()}
-    if reason:
-        c["reason"] = reason
-    if message:
-        c["message"] = message
-    return c
-
-
-def get_condition(obj: dict, ctype: str) -> dict | None:
-    return next((c for c in field_value(obj, "status.conditions") or [] if c.get("type") == ctype), None)
-
-
-def set_condition(status: dict, cond: dict):
-    """Replace a condition, keeping lastTransitionTime when its status did not change."""
-    conds = status.setdefault("conditions", [])
-    for i, c in enumerate(conds):
-        if c.get("type") == cond["type"]:
-            if c.get("status") == cond["status"]:
-                cond["lastTransitionTime"] = c.get("lastTransitionTime", cond["lastTransitionTime"])
-            conds[i] = cond
-            return
-    conds.append(cond)
-
-
-def drop_condition(status: dict, ctype: str):
-    status["conditions"] = [c for c in status.get("conditions") or [] if c.get("type") != ctype]
 
 
 def claim_names(spec: dict) -> list[tuple[str, str]]:
@@ -72,6 +48,14 @@ def claim_names(spec: dict) -> list[tuple[str, str]]:
         elif "dataVolume" in v:
             out.append((v["name"], v["dataVolume"].get("name")))
     return out
+
+
+def _as_launcher(vmi: dict) -> dict:
+    """What the scheduler places: the launcher pod, which also needs a node where virt-handler
+    runs and answers (pkg/virt-controller/services/nodeselectorrenderer.go)."""
+    spec = dict(vmi.get("spec") or {})
+    spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), SCHEDULABLE_LABEL: "true"}
+    return {**vmi, "spec": spec}
 
 
 def run_strategy(vm: dict) -> str:
@@ -94,6 +78,7 @@ class Compute:
         self.guest_behaviour: dict[tuple[str, str], dict] = {}
         self.violations: list[dict] = []
         self._stopping: set[tuple[str, str]] = set()
+        self.launchers = Launchers(cluster)
 
     # ================= VirtualMachine controller
     async def reconcile_vm(self, key):
@@ -287,8 +272,6 @@ class Compute:
             return "DataVolumeError"
         if vmi is not None and phase in ("Pending", "Scheduling", "Scheduled"):
             return "Starting"
-        if phase == "Unknown":
-            return "Unknown"
         if vmi is None or phase in FINAL:
             return "Stopped"
         return "Unknown"
@@ -390,13 +373,11 @@ class Compute:
             return
         phase = field_value(vmi, "status.phase") or "Pending"
         if vmi["metadata"].get("deletionTimestamp"):
-            if phase == "Unknown":
-                self._sync_running(vmi)  # the node may be back
-                vmi = self.store.get(VMI, ns, name)
             return await self._terminate(vmi)
         if phase in FINAL:
             self._release(vmi)
             return
+        pod = self.launchers.of(vmi)
         if phase == "Pending":
             problem = self._volume_problem(vmi)
             if problem:
@@ -407,45 +388,84 @@ class Compute:
                 self.c.events.record(vmi, "Warning", reason, message, "virtualmachine-controller")
                 self.c.vmi_queue.add(key, self.c.t("schedule_retry"))
                 return
+            if pod is None:
+                pod = self.launchers.create(vmi)
+                self.c.events.record(vmi, "Normal", "SuccessfulCreate",
+                                     f"Created virtual machine pod {pod['metadata']['name']}",
+                                     "virtualmachine-controller")
             status = copy.deepcopy(vmi["status"])
             drop_condition(status, "Synchronized")
             self._phase(status, "Scheduling")
             self._write_vmi_status(vmi, status)
             self.c.step_due(self.c.vmi_queue, key, "schedule")
             return
+        if pod is None:
+            return self._pod_gone(vmi)
         if phase == "Scheduling":
             if not self.c.step_due(self.c.vmi_queue, key, "schedule"):
                 return
             nodes = self.store.list(NODE)
             placed = [v for v in self.store.list(VMI) if v["metadata"]["uid"] != vmi["metadata"]["uid"]]
-            node, message = schedule(vmi, nodes, placed)
+            node, message = schedule(_as_launcher(vmi), nodes, placed)
             status = copy.deepcopy(vmi["status"])
             if node is None:
-                set_condition(status, condition("PodScheduled", "False", "Unschedulable", message))
+                # The scheduler's words go on the Pod; KubeVirt copies PodScheduled=False to the VMI.
+                unschedulable = condition("PodScheduled", "False", "Unschedulable", message)
+                set_condition(status, unschedulable)
+                self.launchers.update_status(pod, lambda s: set_condition(
+                    s, condition("PodScheduled", "False", "Unschedulable", message)))
                 if self._write_vmi_status(vmi, status) or not self._reported_unschedulable(vmi, message):
-                    self.c.events.record(vmi, "Warning", "FailedScheduling", message, "default-scheduler")
+                    self.c.events.record(pod, "Warning", "FailedScheduling", message, "default-scheduler")
                 self.c.vmi_queue.add(key, self.c.t("schedule_retry"))
                 return
+            pod = self.launchers.bind(pod, node)
+            self.c.events.record(pod, "Normal", "Scheduled", f"Successfully assigned {ns}/{pod['metadata']['name']} "
+                                 f"to {node}", "default-scheduler")
+            new = copy.deepcopy(vmi)
+            new["metadata"].setdefault("labels", {})["kubevirt.io/nodeName"] = node
+            vmi = self.store.update(VMI, new, check_rv=False)
+            status = copy.deepcopy(vmi["status"])
             status["nodeName"] = node
             self._phase(status, "Scheduled")
-            set_condition(status, condition("PodScheduled", "True"))
+            drop_condition(status, "PodScheduled")
             self._write_vmi_status(vmi, status)
-            self.c.events.record(vmi, "Normal", "Scheduled", f"Successfully assigned {ns}/virt-launcher-{name} "
-                                 f"to {node}", "default-scheduler")
             self.c.step_due(self.c.vmi_queue, key, "launch")
             return
         if phase == "Scheduled":
             if not self.c.step_due(self.c.vmi_queue, key, "launch"):
                 return
-            blocked = self._attach_blocker(vmi)
+            blocked = self._attach_blocker(vmi, pod)
             if blocked:
-                self.c.events.record(vmi, "Warning", "FailedAttachVolume", blocked, "attachdetach-controller")
+                self.c.events.record(pod, "Warning", "FailedAttachVolume", blocked, "attachdetach-controller")
                 self.c.vmi_queue.add(key, self.c.t("schedule_retry"))
                 return
-            await self._boot(vmi)
+            await self._boot(vmi, pod)
             return
-        if phase in ("Running", "Unknown"):
-            self._sync_running(vmi)
+        if phase == "Running":
+            self._sync_running(vmi, pod)
+
+    def _pod_gone(self, vmi: dict):
+        """The launcher pod is gone under a VMI that is not final: the VMI fails
+        (pkg/virt-controller/watch/vmi/lifecycle.go); on a node that stopped answering, with the
+        reason KubeVirt's node controller gives (pkg/virt-controller/watch/node/node.go)."""
+        key = (vmi["metadata"]["namespace"], vmi["metadata"]["name"])
+        guest = self.guests.pop(key, None)
+        if guest is not None:  # the machine is powered off with its pod
+            self._stopping.add(key)
+            guest.kill()
+            self._stopping.discard(key)
+        node_name = field_value(vmi, "status.nodeName")
+        node = self.store.get(NODE, "", node_name) if node_name else None
+        status = copy.deepcopy(vmi["status"])
+        self._phase(status, "Failed")
+        set_condition(status, condition("Ready", "False", "PodNotExists", "virt-launcher pod does not exist"))
+        drop_condition(status, "AgentConnected")
+        if node_name and (node is None or not node_ready(node)):
+            status["reason"] = "NodeUnresponsive"
+            self.c.events.record(vmi, "Normal", "NodeUnresponsive", f"virt-handler on node {node_name} is not "
+                                 "responsive, marking VMI as failed", "virtualmachine-controller")
+        self._write_vmi_status(vmi, status)
+        self._release(vmi)
 
     def _phase(self, status: dict, phase: str):
         status["phase"] = phase
@@ -483,7 +503,7 @@ class Compute:
                 out.append(v)
         return out
 
-    def _attach_blocker(self, vmi: dict) -> str | None:
+    def _attach_blocker(self, vmi: dict, pod: dict) -> str | None:
         ns = vmi["metadata"]["namespace"]
         node = field_value(vmi, "status.nodeName")
         for _, claim in claim_names(vmi.get("spec") or {}):
@@ -493,12 +513,13 @@ class Compute:
             others = self.attachments(ns, claim, vmi["metadata"]["uid"])
             elsewhere = [o for o in others if field_value(o, "status.nodeName") != node]
             if elsewhere:
+                holder = self.launchers.of(elsewhere[0])
+                holder_name = holder["metadata"]["name"] if holder else f"virt-launcher-{elsewhere[0]['metadata']['name']}"
                 return (f'Multi-Attach error for volume "{field_value(pvc, "spec.volumeName")}" Volume is already '
-                        f"used by pod(s) virt-launcher-{elsewhere[0]['metadata']['name']} on node "
-                        f"{field_value(elsewhere[0], 'status.nodeName')}")
+                        f"used by pod(s) {holder_name}")
         return None
 
-    async def _boot(self, vmi: dict):
+    async def _boot(self, vmi: dict, pod: dict):
         ns, name = vmi["metadata"]["namespace"], vmi["metadata"]["name"]
         key = (ns, name)
         for vol, claim in claim_names(vmi.get("spec") or {}):
@@ -508,6 +529,7 @@ class Compute:
                                         "nodes": [field_value(other, "status.nodeName"),
                                                   field_value(vmi, "status.nodeName")]})
         ip = self.c.allocate_ip("vmi", vmi["metadata"]["uid"])
+        self.launchers.running(pod, ip)
         root = self.root_dir(vmi)
         status = copy.deepcopy(vmi["status"])
         self._phase(status, "Running")
@@ -620,21 +642,18 @@ class Compute:
         return self.agents.get(key, True) and field_value(vmi, "status.phase") == "Running" \
             and key in self.guests and self.guests[key].alive
 
-    def _sync_running(self, vmi: dict):
+    def _sync_running(self, vmi: dict, pod: dict):
         ns, name = vmi["metadata"]["namespace"], vmi["metadata"]["name"]
-        node = self.store.get(NODE, "", field_value(vmi, "status.nodeName") or "")
         status = copy.deepcopy(vmi["status"])
-        if node is not None and not node_ready(node):
-            if status["phase"] != "Unknown":
-                self._phase(status, "Unknown")
-                set_condition(status, condition("Ready", "False", "NodeUnresponsive",
-                                                f"virt-handler on node {node['metadata']['name']} is not responsive"))
-                drop_condition(status, "AgentConnected")
-                self._write_vmi_status(vmi, status)
+        if not pod_ready(pod):
+            # The node stopped answering: the pod is marked not ready and the VMI follows it
+            # (syncReadyConditionFromPod); virt-handler is gone, so nothing else changes.
+            ready = next((c for c in field_value(pod, "status.conditions") or [] if c["type"] == "Ready"), {})
+            set_condition(status, condition("Ready", "False", ready.get("reason") or "PodNotReady",
+                                            ready.get("message") or ""))
+            self._write_vmi_status(vmi, status)
             return
-        if status["phase"] == "Unknown":
-            self._phase(status, "Running")
-            set_condition(status, condition("Ready", "True"))
+        set_condition(status, condition("Ready", "True"))
         if (ns, name) not in self.guests and self.c.started and self.root_dir(vmi) is not None:
             # The simulator restarted under a running machine: bring its guest back.
             guest = self._register_guest(vmi, field_value(vmi, "status.interfaces")[0]["ipAddress"],
@@ -678,8 +697,12 @@ class Compute:
             return
         guest = self.guests.get(key)
         phase = field_value(vmi, "status.phase")
-        if phase == "Unknown":
-            return  # nobody can reach the node: the VMI stays until the node is fenced or comes back
+        pod = self.launchers.of(vmi)
+        node = self.store.get(NODE, "", field_value(vmi, "status.nodeName") or "")
+        if phase not in FINAL and node is not None and not node_ready(node):
+            if pod is None:
+                return self._pod_gone(vmi)
+            return  # virt-handler cannot be reached: the VMI stays until its pod is gone or the node is back
         if guest is not None and phase == "Running":
             self._stopping.add(key)
             try:
@@ -697,6 +720,8 @@ class Compute:
             self._write_vmi_status(vmi, status)
             self.c.events.record(vmi, "Normal", "Deleted", "Signaled Deletion", "virt-handler")
             vmi = self.store.get(VMI, ns, name)
+        if pod is not None:
+            self.launchers.remove(pod)
         self._release(vmi)
         new = copy.deepcopy(vmi)
         new["metadata"]["finalizers"] = [f for f in vmi["metadata"].get("finalizers") or [] if f != VMI_FINALIZER]
@@ -737,6 +762,10 @@ class Compute:
                 self.c.vmi_queue.add((other["metadata"]["namespace"], other["metadata"]["name"]))
 
     # ================= nodes lost, fenced, recovered
+    # The fault API does what happens to a node (it stops answering, comes back) and what an admin
+    # does (taints it out-of-service once it is confirmed off); reconcile_node and reconcile_pod
+    # are what the node lifecycle controller, taint eviction, podgc, the kubelet and KubeVirt's node
+    # controller do about it.
     def node_lost(self, node_name: str):
         self._set_node_ready(node_name, "Unknown", "NodeStatusUnknown", "Kubelet stopped posting node status.")
 
@@ -744,44 +773,108 @@ class Compute:
         self._set_node_ready(node_name, "True", "KubeletReady", "kubelet is posting ready status")
 
     def node_fenced(self, node_name: str):
-        """An admin confirmed the node is powered off: its guests die, its VMIs fail, volumes detach."""
-        self._set_node_ready(node_name, "Unknown", "NodeFenced", "The node was fenced (powered off).")
-        for vmi in self.store.list(VMI):
-            if field_value(vmi, "status.nodeName") != node_name or field_value(vmi, "status.phase") in FINAL:
-                continue
-            key = (vmi["metadata"]["namespace"], vmi["metadata"]["name"])
-            guest = self.guests.pop(key, None)
-            if guest is not None:
-                self._stopping.add(key)
-                guest.kill()
-                self._stopping.discard(key)
-            status = copy.deepcopy(vmi["status"])
-            self._phase(status, "Failed")
-            status["reason"] = "NodeFenced"
-            set_condition(status, condition("Ready", "False", "NodeFenced", f"node {node_name} was fenced"))
-            self._write_vmi_status(vmi, status)
-            self.c.events.record(vmi, "Warning", "Failed", f"The node {node_name} was fenced; the "
-                                 "VirtualMachineInstance is gone.", "virt-controller")
-            self._release(vmi)
+        """An admin confirmed the node is off: Kubernetes' non-graceful node shutdown taint."""
+        node = self._must_node(node_name)
+        taints = [t for t in field_value(node, "spec.taints") or [] if t.get("key") != OUT_OF_SERVICE]
+        taints.append({"key": OUT_OF_SERVICE, "value": "nodeshutdown", "effect": "NoExecute", "timeAdded": now_iso()})
+        new = copy.deepcopy(node)
+        new["spec"]["taints"] = taints
+        self.store.update(NODE, new, check_rv=False)
 
-    def _set_node_ready(self, node_name: str, ready: str, reason: str, message: str):
+    def _must_node(self, node_name: str) -> dict:
         node = self.store.get(NODE, "", node_name)
         if node is None:
             raise errors.not_found(NODE, node_name)
+        return node
+
+    def _set_node_ready(self, node_name: str, ready: str, reason: str, message: str):
+        node = self._must_node(node_name)
         new = copy.deepcopy(node)
         set_condition(new.setdefault("status", {}), {**condition("Ready", ready, reason, message),
                                                      "lastHeartbeatTime": now_iso()})
         for c in new["status"]["conditions"]:
             c.pop("lastProbeTime", None)
-        taints = [t for t in field_value(new, "spec.taints") or [] if t.get("key") != "node.kubernetes.io/unreachable"]
+        # pkg/controller/nodelifecycle: Ready=Unknown brings the unreachable taints. A node that is
+        # back loses them, and the out-of-service taint an admin set while it was off.
+        lifted = (UNREACHABLE, OUT_OF_SERVICE) if ready == "True" else (UNREACHABLE,)
+        taints = [t for t in field_value(new, "spec.taints") or [] if t.get("key") not in lifted]
         if ready != "True":
-            taints.append({"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule", "timeAdded": now_iso()})
+            taints += [{"key": UNREACHABLE, "effect": effect, "timeAdded": now_iso()}
+                       for effect in ("NoSchedule", "NoExecute")]
         new.setdefault("spec", {})["taints"] = taints
         self.store.update(NODE, new, subresource="status", check_rv=False)
         self.store.update(NODE, new, check_rv=False)
-        for vmi in self.store.list(VMI):
-            if field_value(vmi, "status.nodeName") == node_name:
-                self.c.vmi_queue.add((vmi["metadata"]["namespace"], vmi["metadata"]["name"]))
+
+    def reconcile_node(self, key):
+        node = self.store.get(NODE, "", key[1])
+        if node is None:
+            return
+        name = node["metadata"]["name"]
+        pods = self.launchers.on_node(name)
+        labels = node["metadata"].get("labels") or {}
+        if node_ready(node):
+            for clock in ("eviction", "heartbeat_timeout"):
+                self.c.forget_step(self.c.node_queue, key, clock)
+            if labels.get(SCHEDULABLE_LABEL) == "false":  # virt-handler's heartbeat is back
+                self._label_node(node, "true")
+            for pod in pods:
+                if not pod["metadata"].get("deletionTimestamp"):
+                    self.launchers.set_ready(pod, True)
+            return
+        # Not ready: pods are marked not ready at once (MarkPodsNotReady) ...
+        for pod in pods:
+            if pod_ready(pod):
+                self.launchers.set_ready(pod, False)
+                self.c.events.record(pod, "Warning", "NodeNotReady", "Node is not ready", "node-controller")
+        taints = {t.get("key") for t in field_value(node, "spec.taints") or []}
+        if OUT_OF_SERVICE in taints:
+            # ... the out-of-service taint: taint eviction marks the pods, podgc force-deletes them
+            # (pkg/controller/podgc/gc_controller.go, gcTerminating) ...
+            for pod in pods:
+                self.launchers.update_status(pod, lambda st: st.update({"phase": "Failed"}))
+                self.launchers.remove(pod)
+        elif pods and self.c.step_due(self.c.node_queue, key, "eviction"):
+            # ... after the default tolerationSeconds, taint eviction deletes them; they stay
+            # Terminating, as no kubelet confirms (pkg/controller/tainteviction/taint_eviction.go).
+            for pod in pods:
+                if not pod["metadata"].get("deletionTimestamp"):
+                    self.c.events.record(pod, "Normal", "TaintManagerEviction",
+                                         f"Marking for deletion Pod {pod['metadata']['namespace']}/"
+                                         f"{pod['metadata']['name']}", "taint-eviction-controller")
+                    self.store.delete(POD, pod["metadata"]["namespace"], pod["metadata"]["name"])
+        # ... and once virt-handler missed its heartbeat for long enough, KubeVirt marks the node.
+        if labels.get(SCHEDULABLE_LABEL) == "true" and self.c.step_due(self.c.node_queue, key, "heartbeat_timeout"):
+            self.c.events.record(node, "Normal", "NodeUnresponsive",
+                                 "virt-handler is not responsive, marking node as unresponsive", "virt-controller")
+            self._label_node(node, "false")
+
+    def _label_node(self, node: dict, schedulable: str):
+        new = copy.deepcopy(node)
+        new["metadata"].setdefault("labels", {})[SCHEDULABLE_LABEL] = schedulable
+        self.store.update(NODE, new, check_rv=False)
+
+    async def reconcile_pod(self, key):
+        """The kubelet, for launcher pods being deleted on a node that answers: the container is
+        stopped (virt-launcher shuts the guest down) and the pod goes."""
+        pod = self.store.get(POD, *key)
+        if pod is None or not pod["metadata"].get("deletionTimestamp"):
+            return
+        node = self.store.get(NODE, "", field_value(pod, "spec.nodeName") or "")
+        if node is None or not node_ready(node):
+            return
+        owner = next((r for r in pod["metadata"].get("ownerReferences") or [] if r.get("kind") == "VirtualMachineInstance"),
+                     None)
+        vm_key = (key[0], owner["name"]) if owner else None
+        guest = self.guests.get(vm_key) if vm_key else None
+        if guest is not None and guest.uid == (owner or {}).get("uid"):
+            self._stopping.add(guest.key)
+            try:
+                grace = pod["metadata"].get("deletionGracePeriodSeconds")
+                await guest.stop(float(DEFAULT_GRACE_SECONDS if grace is None else grace))
+            finally:
+                self._stopping.discard(guest.key)
+                self.guests.pop(guest.key, None)
+        self.launchers.remove(pod)
 
     # ================= the guest agent
     def agent_call(self, ns: str, name: str, call: str) -> dict:

@@ -22,6 +22,24 @@ ID_LIKE=debian
 """
 
 
+VIRT_HANDLER_POOLS = ("vm-cpu", "vm-gpu-pci")  # where KubeVirt's CR places virt-handler
+
+
+def virt_handler_runs_on(node: dict) -> bool:
+    return (node["metadata"].get("labels") or {}).get("workload.example.com/pool") in VIRT_HANDLER_POOLS
+
+
+def label_virt_handler_nodes(store):
+    """virt-handler marks the nodes it runs on `kubevirt.io/schedulable=true`; launcher pods
+    select that. (Also brings a cluster saved by an older simulator up to date.)"""
+    node_rt = BY_KIND["Node"]
+    for node in store.list(node_rt):
+        labels = node["metadata"].setdefault("labels", {})
+        if virt_handler_runs_on(node) and "kubevirt.io/schedulable" not in labels:
+            labels["kubevirt.io/schedulable"] = "true"
+            store.update(node_rt, node, check_rv=False)
+
+
 def _node(name: str, labels: dict, cpu: str, memory: str, extra: dict | None = None, taints=None) -> dict:
     allocatable = {"cpu": cpu, "memory": memory, "pods": "110", "ephemeral-storage": "500Gi", **(extra or {})}
     return {"apiVersion": "v1", "kind": "Node",

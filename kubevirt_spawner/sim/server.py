@@ -460,6 +460,8 @@ class ApiHandler(tornado.web.RequestHandler):
                                    None if grace is None else int(grace))
         if result["metadata"].get("deletionTimestamp") and self.store.get(rt, namespace, name) is not None:
             return self._send_object(rt, result, version, 200)
+        if rt.kind == "Pod":  # the pod registry returns the deleted object (ReturnDeletedObject)
+            return self._send_object(rt, result, version, 200)
         self._send({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                     "details": {"name": name, "group": rt.group, "kind": rt.plural,
                                 "uid": obj["metadata"]["uid"]}})

@@ -9,7 +9,8 @@ import logging
 import os
 
 from ..objects import field_value
-from .compute import VM, VMI, claim_names, condition, run_strategy, set_condition
+from .compute import VM, VMI, claim_names, run_strategy
+from .conditions import condition, set_condition
 from .resources import BY_KIND
 from .storage import copy_tree, replace_tree
 from .timeutil import now_iso, seconds_since

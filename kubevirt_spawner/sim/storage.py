@@ -13,7 +13,7 @@ from ..objects import field_value
 from ..quantity import parse_quantity
 from . import errors
 from .admission import admit
-from .compute import condition, set_condition
+from .conditions import condition, set_condition
 from .resources import BY_KIND
 
 log = logging.getLogger(__name__)

@@ -13,6 +13,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..objects import field_value
 from . import errors
 from .resources import BY_KEY, ResourceType
 from .timeutil import now_iso
@@ -43,6 +44,13 @@ class Watcher:
         if not self.closed:
             self.closed = True
             self.queue.put_nowait(None)
+
+
+def _graceful_pod(rt: ResourceType, obj: dict, grace_period: int | None) -> bool:
+    """A running pod on a node is deleted gracefully: it is only marked, and its kubelet removes it
+    once its containers have stopped (pkg/registry/core/pod/strategy.go, CheckGracefulDelete)."""
+    return rt.kind == "Pod" and grace_period != 0 and bool(field_value(obj, "spec.nodeName")) \
+        and field_value(obj, "status.phase") not in ("Succeeded", "Failed")
 
 
 class Store:
@@ -208,7 +216,8 @@ class Store:
             return old  # a write that changes nothing keeps the resourceVersion, as upstream
         new["metadata"]["resourceVersion"] = self._next_rv()
         self.objects[rt.key][(ns, name)] = new
-        if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
+        if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers") \
+                and rt.kind != "Pod":  # a terminating pod goes when its kubelet (or podgc) says so
             return self._remove(rt, new)
         self._emit("MODIFIED", rt, new, old)
         return new
@@ -234,8 +243,8 @@ class Store:
                 finalizers.append("foregroundDeletion")
         if propagation == "Orphan" and self.dependents(meta["uid"]):
             self._orphan(meta["uid"])
-        if finalizers:
-            if meta.get("deletionTimestamp") and finalizers == meta.get("finalizers"):
+        if finalizers or _graceful_pod(rt, obj, grace_period):
+            if meta.get("deletionTimestamp") and finalizers == list(meta.get("finalizers") or []):
                 return obj
             new = copy.deepcopy(obj)
             new["metadata"]["finalizers"] = finalizers
