@@ -88,6 +88,9 @@ class KubeVirtSpawner(Spawner):
         When no requested GPU is free: keep waiting until start_timeout, or fail at once.""")
     max_concurrent_clones = Integer(4, config=True, help="""
         Most root-disk clones from golden images at a time across the hub; later starts queue.""")
+    clone_stall_timeout = Float(600.0, config=True, help="""
+        Seconds a root-disk clone may show no progress before the start fails with CDI's reason (CDI
+        never fails a clone that cannot proceed; it keeps trying and says why in Warning events).""")
     retention_days = Integer(30, config=True, help="""
         Days the disks of a deleted user or named server are kept (labelled as retained).""")
     stop_timeout = Integer(300, config=True, help="Seconds a graceful stop may take before the VM is forced off.")
@@ -237,7 +240,8 @@ class KubeVirtSpawner(Spawner):
         settings = Settings(url_mode=self.url_mode, cluster_domain=self.cluster_domain,
                             gpu_unavailable=self.gpu_unavailable,
                             start_timeout=max(1.0, self.start_timeout - 5), stop_timeout=self.stop_timeout,
-                            retention_days=self.retention_days, clone_gate=shared["gate"])
+                            retention_days=self.retention_days, clone_stall_timeout=self.clone_stall_timeout,
+                            clone_gate=shared["gate"])
         self._current = Workstation(shared["kube"], caches, self._ident, self._machine_spec(profile), settings,
                                     self.log)
         return self._current

@@ -30,6 +30,7 @@ from .reflector import Caches
 ANNOTATION_SPEC_HASH = m.LABEL_PREFIX + "spec-hash"
 SNAPSHOT = k.Kind("VirtualMachineSnapshot", "snapshot.kubevirt.io", "v1beta1", "virtualmachinesnapshots")
 FINAL_PHASES = ("Succeeded", "Failed")
+STALL_CHECK_SECONDS = 5.0
 ALREADY_RUNNING = ("already running", "does not support manual start requests")
 
 Report = Callable[[int, str], None]
@@ -73,11 +74,12 @@ class CloneGate:
         self.limit = limit
         self.queue: list[object] = []
         self.admitted: set[tuple[str, str]] = set()
+        self.stalled: set[tuple[str, str]] = set()  # clones a start gave up on: they take no place
 
     def running(self, caches: Caches) -> int:
         in_cluster = {(dv["metadata"]["namespace"], dv["metadata"]["name"]) for dv in caches.dvs.values()
                       if "pvc" in (field_value(dv, "spec.source") or {})
-                      and field_value(dv, "status.phase") not in FINAL_PHASES}
+                      and field_value(dv, "status.phase") not in FINAL_PHASES} - self.stalled
         # An admitted clone counts until its DataVolume shows up in the cache.
         pending = [key for key in self.admitted if caches.dvs.get(*key) is None]
         return len(in_cluster) + len(pending)
@@ -120,6 +122,7 @@ class Settings:
     start_timeout: float = 600.0
     stop_timeout: float = 300.0
     retention_days: int = 30
+    clone_stall_timeout: float = 600.0
     clone_gate: CloneGate = field(default_factory=CloneGate)
 
 
@@ -400,11 +403,16 @@ class Workstation:
 
     async def _wait_ready(self, report: Report, deadline: float) -> str:
         steps = _StartSteps(self, report)
-        try:
-            return await self.caches.wait_for(steps.check, max(0.0, deadline - time.monotonic()))
-        except asyncio.TimeoutError:
-            raise WorkstationError(steps.timeout_message(self.settings.start_timeout), reason="timeout",
-                                   status_code=504) from None
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise WorkstationError(steps.timeout_message(self.settings.start_timeout), reason="timeout",
+                                       status_code=504)
+            try:
+                # Woken by every change, and now and then without one: a stuck clone changes nothing.
+                return await self.caches.wait_for(steps.check, min(remaining, STALL_CHECK_SECONDS))
+            except asyncio.TimeoutError:
+                continue
 
     async def _stop_after_failed_start(self):
         """A failed start leaves nothing holding a node or a GPU."""
@@ -493,6 +501,8 @@ class _StartSteps:
         self.last: tuple[int, str] | None = None
         self.waiting_for = "the workstation to start"
         self.start_seen = False
+        self.clone_state: tuple | None = None  # what the clone last showed, and since when
+        self.clone_since = time.monotonic()
 
     def say(self, percent: int, message: str):
         if (percent, message) != self.last:
@@ -509,12 +519,14 @@ class _StartSteps:
                                    "Ask your administrator to check the golden image and storage.",
                                    reason="clone-failed", status_code=500)
         if dv is not None and phase != "Succeeded":
-            progress = field_value(dv, "status.progress") or "0%"
+            self.waiting_for = "the system disk clone to finish"
+            self._check_clone_moves(dv)
+            progress = field_value(dv, "status.progress") or "N/A"
             try:
                 pct = float(progress.rstrip("%"))
-            except ValueError:
-                pct = 0.0
-            self.waiting_for = "the system disk clone to finish"
+            except ValueError:  # "N/A": a CSI clone, copy-on-write, reports no progress
+                self.say(20, f"Cloning your system disk from {spec.golden_name} (copy-on-write)")
+                return None
             self.say(5 + int(pct * 0.55), f"Cloning your system disk from {spec.golden_name}: {pct:.0f}%")
             return None
         if ws.vmi is not None or field_value(ws.vm, "spec.runStrategy") not in (None, "Halted"):
@@ -557,6 +569,37 @@ class _StartSteps:
             return None
         self.say(95, "Starting Jupyter")
         return url
+
+    def _check_clone_moves(self, dv: dict):
+        """CDI never fails a clone that cannot proceed: it keeps its phase and says why in Warning
+        events and conditions. No change for `clone_stall_timeout` fails the start with CDI's words,
+        and frees the clone's place in the queue for others."""
+        ws = self.ws
+        state = (field_value(dv, "status.phase"), field_value(dv, "status.progress"))
+        now = time.monotonic()
+        if state != self.clone_state:
+            self.clone_state, self.clone_since = state, now
+            return
+        stalled = now - self.clone_since
+        if stalled < ws.settings.clone_stall_timeout:
+            return
+        ws.settings.clone_gate.stalled.add((ws.ident.namespace, ws.ident.rootdisk))
+        raise WorkstationError(
+            f"Cloning your system disk from {ws.spec.golden_name} has made no progress for {stalled:.0f} seconds "
+            f"({self._clone_trouble(dv)}). Ask your administrator to check the golden image and the storage.",
+            reason="clone-failed", status_code=500)
+
+    def _clone_trouble(self, dv: dict) -> str:
+        """CDI's own words: the newest Warning about the disk, else a condition that is not True."""
+        ws = self.ws
+        events = ws.caches.events_for(ws.ident.namespace, {ws.ident.rootdisk})
+        if events:
+            return f"{events[-1].get('reason')}: {events[-1].get('message')}"
+        for ctype in ("Bound", "Running"):
+            cond = condition(dv, ctype)
+            if cond.get("status") == "False" and cond.get("reason"):
+                return f"{cond['reason']}: {cond.get('message') or ''}".rstrip(": ")
+        return f"phase {field_value(dv, 'status.phase') or 'Pending'}, no events"
 
     def _gpu_phrase(self) -> str:
         devices = [d for d, n in self.ws.spec.gpus if n]

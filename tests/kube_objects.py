@@ -8,7 +8,7 @@ CDI = ("cdi.kubevirt.io", "v1beta1")
 SNAP = ("snapshot.kubevirt.io", "v1beta1")
 
 
-def clone_dv(name: str, size: str = "20Gi") -> dict:
+def clone_dv(name: str, size: str = "60Gi") -> dict:  # not smaller than the golden image
     return {"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "metadata": {"name": name},
             "spec": {"source": {"pvc": dict(GOLDEN)},
                      "storage": {"storageClassName": "ceph-rbd", "accessModes": ["ReadWriteOnce"],

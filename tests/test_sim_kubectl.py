@@ -84,7 +84,7 @@ def test_kubectl_delete_vm_with_templates_deletes_its_disk(kubectl, custom):
         "spec": {"runStrategy": "Halted", "dataVolumeTemplates": [{
             "metadata": {"name": "tpl-disk"},
             "spec": {"source": {"pvc": {"namespace": "vm-images", "name": "ubuntu-24-04-cuda-golden"}},
-                     "storage": {"resources": {"requests": {"storage": "10Gi"}}}}}],
+                     "storage": {"resources": {"requests": {"storage": "60Gi"}}}}}],
             "template": {"spec": {"domain": {"devices": {"disks": [{"name": "root", "disk": {"bus": "virtio"}}]},
                                              "resources": {"requests": {"memory": "1Gi"}}},
                                   "volumes": [{"name": "root", "dataVolume": {"name": "tpl-disk"}}]}}}}

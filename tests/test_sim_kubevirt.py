@@ -49,7 +49,7 @@ def vmi_phase(custom, ns, name):
     return ((get(custom, KV, ns, "virtualmachineinstances", name) or {}).get("status") or {}).get("phase")
 
 
-def make_disk(custom, ns, name, size="20Gi"):
+def make_disk(custom, ns, name, size="60Gi"):
     custom.create_namespaced_custom_object(*CDI, ns, "datavolumes", clone_dv(name, size))
     return wait_for(lambda: (get(custom, CDI, ns, "datavolumes", name) or {}).get("status", {}).get("phase")
                     == "Succeeded", what=f"clone {name}")
@@ -62,41 +62,81 @@ def running_vm(sim, custom, ns, name, **kw):
     wait_for(lambda: vm_status(custom, ns, name) == "Running", what=f"{name} running")
 
 
-def test_clone_goes_through_cdi_phases(custom, core, ns, sim):
+PROFILES = ("cdi.kubevirt.io", "v1beta1", "storageprofiles")
+
+
+def clone_phases(custom, ns, name) -> set:
+    phases = set()
+
+    def done():
+        st = (get(custom, CDI, ns, "datavolumes", name) or {}).get("status") or {}
+        phases.add((st.get("phase"), st.get("progress")))
+        return st.get("phase") == "Succeeded"
+    wait_for(done, timeout=30, interval=0.01, what=f"clone {name} done")
+    return phases
+
+
+def test_clones_follow_the_storage_profile_csi_for_rbd_copy_when_asked(custom, core, ns, sim):
+    """CDI keeps a StorageProfile per StorageClass; for the Ceph RBD provisioner it knows block
+    property sets and the csi-clone strategy (pkg/storagecapabilities/storagecapabilities.go,
+    pkg/controller/storageprofile-controller.go). A CSI clone is copy-on-write and reports progress
+    "N/A" (CSICloneInProgress); a host-assisted copy reports percentages (CloneInProgress)."""
+    profile = custom.get_cluster_custom_object(*PROFILES, "ceph-rbd")
+    assert profile["status"]["provisioner"] == "rbd.csi.ceph.com"
+    assert profile["status"]["cloneStrategy"] == "csi-clone"
+    assert {"accessModes": ["ReadWriteOnce"], "volumeMode": "Block"} in profile["status"]["claimPropertySets"]
+    custom.create_namespaced_custom_object(*CDI, ns, "datavolumes", clone_dv("fast"))
+    phases = clone_phases(custom, ns, "fast")
+    assert ("CSICloneInProgress", "N/A") in phases and ("Succeeded", "100.0%") in phases
+    assert not [p for p, progress in phases if p == "CloneInProgress"]
+    reasons = {e.reason for e in core.list_namespaced_event(ns).items}
+    assert {"CloneScheduled", "CSICloneInProgress", "CloneSucceeded"} <= reasons
+
+    custom.patch_cluster_custom_object(*PROFILES, "ceph-rbd", {"spec": {"cloneStrategy": "copy"}})
     sim.call(lambda: sim.cluster.timing.update(clone=40.0, clone_schedule=20.0))
     try:
         custom.create_namespaced_custom_object(*CDI, ns, "datavolumes", clone_dv("slow"))
-        phases = set()
-
-        def progressing():
-            dv = get(custom, CDI, ns, "datavolumes", "slow")
-            st = dv.get("status") or {}
-            phases.add((st.get("phase"), st.get("progress")))
-            return st.get("phase") == "Succeeded"
-        wait_for(progressing, timeout=30, interval=0.01, what="clone done")
+        phases = clone_phases(custom, ns, "slow")
     finally:
         sim.call(lambda: sim.cluster.timing.update(clone=30.0, clone_schedule=2.0))
-    names = {p for p, _ in phases}
-    assert {"CloneScheduled", "CloneInProgress", "Succeeded"} <= names
-    assert any(p == "CloneInProgress" and prog not in ("0.00%", "N/A") and prog.endswith("%") for p, prog in phases)
+        custom.patch_cluster_custom_object(*PROFILES, "ceph-rbd", {"spec": {"cloneStrategy": None}})
+    assert any(p == "CloneInProgress" and progress not in ("0.00%", "N/A") and progress.endswith("%")
+               for p, progress in phases)
     assert ("Succeeded", "100.0%") in phases
     pvc = core.read_namespaced_persistent_volume_claim("slow", ns)
     assert pvc.metadata.owner_references[0].kind == "DataVolume" and pvc.spec.volume_mode == "Block"
-    reasons = {e.reason for e in core.list_namespaced_event(ns).items}
-    assert {"CloneScheduled", "CloneInProgress", "CloneSucceeded"} <= reasons
+    assert custom.get_cluster_custom_object(*PROFILES, "ceph-rbd")["status"]["cloneStrategy"] == "csi-clone"
 
 
-def test_injected_clone_failure_and_missing_source(custom, ns, sim):
+def test_a_clone_that_cannot_proceed_keeps_its_phase_and_says_why(custom, core, ns, sim):
+    """CDI never turns such a clone Failed (pkg/controller/datavolume/clone-controller-base.go,
+    pvc-clone-controller.go): a missing source is CloneWithoutSource, a target smaller than the
+    source CloneValidationFailed, both on the conditions with the phase kept; a CSI clone the
+    driver cannot make leaves ProvisioningFailed Warnings and no progress."""
+    import time
     requests.post(f"{sim.url}/sim/v1/clones/fail-next", json={"count": 1})
     custom.create_namespaced_custom_object(*CDI, ns, "datavolumes", clone_dv("broken"))
-    wait_for(lambda: get(custom, CDI, ns, "datavolumes", "broken").get("status", {}).get("phase") == "Failed",
-             what="failed clone")
+    wait_for(lambda: any(e.reason == "ProvisioningFailed" and e.involved_object.name == "broken"
+                         for e in core.list_namespaced_event(ns).items), what="the driver's complaint")
+    time.sleep(1)
+    assert get(custom, CDI, ns, "datavolumes", "broken")["status"]["phase"] == "CSICloneInProgress"
+
+    small = clone_dv("small", "10Gi")
+    custom.create_namespaced_custom_object(*CDI, ns, "datavolumes", small)
+
+    def bound_reason(name):
+        conds = (get(custom, CDI, ns, "datavolumes", name) or {}).get("status", {}).get("conditions", [])
+        return next((c for c in conds if c["type"] == "Bound" and c["status"] == "False"), {})
+    cond = wait_for(lambda: bound_reason("small").get("reason") == "CloneValidationFailed" and bound_reason("small"),
+                    what="CloneValidationFailed")
+    assert cond["message"] == ("The clone doesn't meet the validation requirements: target resources requests "
+                               f"storage size is smaller than the source {10 * 2**30} < {60 * 2**30}")
     dv = clone_dv("orphan")
     dv["spec"]["source"]["pvc"]["name"] = "no-such-golden"
     custom.create_namespaced_custom_object(*CDI, ns, "datavolumes", dv)
-    wait_for(lambda: any(c.get("reason") == "CloneWithoutSource" for c in
-                         get(custom, CDI, ns, "datavolumes", "orphan").get("status", {}).get("conditions", [])),
-             what="CloneWithoutSource")
+    wait_for(lambda: bound_reason("orphan").get("reason") == "CloneWithoutSource", what="CloneWithoutSource")
+    for name in ("broken", "small", "orphan"):
+        assert get(custom, CDI, ns, "datavolumes", name)["status"].get("phase") != "Failed"
 
 
 def test_start_stop_answers_like_virt_api(custom, ns, sim):
@@ -169,7 +209,7 @@ def test_guest_runs_jupyter_on_its_root_disk_behind_the_service(custom, core, ns
     info = agent(sim, ns, "g", "guestosinfo").json()
     assert info["os"]["prettyName"] == "Ubuntu 24.04.1 LTS"
     fs = agent(sim, ns, "g", "filesystemlist").json()["items"][0]
-    assert fs["mountPoint"] == "/" and 0 < fs["usedBytes"] <= fs["totalBytes"] == 20 * 2**30
+    assert fs["mountPoint"] == "/" and 0 < fs["usedBytes"] <= fs["totalBytes"] == 60 * 2**30
     requests.put(f"{sim.url}/sim/v1/vmis/{ns}/g/users", json={"users": [{"userName": "alice", "loginTime": 1.5}]})
     assert agent(sim, ns, "g", "userlist").json()["items"] == [{"userName": "alice", "loginTime": 1.5}]
     requests.put(f"{sim.url}/sim/v1/vmis/{ns}/g/agent", json={"connected": False})

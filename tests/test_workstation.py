@@ -273,12 +273,24 @@ async def test_a_missing_root_disk_is_reported_never_silently_recreated(env):
     assert "create datavolumes" not in diff(before, counts(env.sim))
 
 
-async def test_a_clone_that_fails_is_explained(env):
+async def test_a_stuck_clone_fails_the_start_with_cdis_words_and_does_not_hold_up_the_queue(env):
+    """CDI never turns a clone that cannot proceed Failed: it keeps its phase and says why in Warning
+    events (pkg/controller/datavolume/clone-controller-base.go, pvc-clone-controller.go). A start
+    gives up after `clone_stall_timeout` without progress, quotes CDI, and the clone no longer
+    takes a place in the clone queue: the next user's clone runs."""
     sim_api(env.sim, "POST", "/clones/fail-next", {"count": 1})
-    ws = workstation(env, "yuri")
-    with user_error("clone-failed", "Cloning your system disk from ubuntu-24-04-cuda-golden failed"):
+    gate = CloneGate(1)
+    ws = workstation(env, "yuri", clone_gate=gate, clone_stall_timeout=2)
+    with user_error("clone-failed", "Cloning your system disk from ubuntu-24-04-cuda-golden has made no progress "
+                                    r"for \d+ seconds \(ProvisioningFailed: failed to provision volume"):
         await ws.start({}, [])
-    assert ws.vmi is None
+    assert ws.vmi is None and field_value(ws.rootdisk, "status.phase") == "CSICloneInProgress"
+    other = workstation(env, "yuko", clone_gate=gate)
+    seen: list[str] = []
+    await asyncio.wait_for(other.start({}, [], lambda p, msg: seen.append(msg)), 60)
+    assert not [m for m in seen if m.startswith("Queued")]
+    assert "Cloning your system disk from ubuntu-24-04-cuda-golden (copy-on-write)" in seen
+    await other.stop(now=True)
 
 
 async def test_an_object_of_someone_else_is_never_adopted(env):
@@ -418,11 +430,16 @@ async def test_a_cancelled_start_leaves_the_machine_stopped(env, delay):
     """Cancelled at any moment (provisioning, the start request, mid-clone, booting), a start
     leaves the VM Halted and no machine running."""
     ws = workstation(env, f"kim{int(delay * 100)}")
-    task = asyncio.ensure_future(ws.start({}, []))
-    await asyncio.sleep(delay)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    saved = sim_api(env.sim, "GET", "/timing")["timing"]["csi_clone"]
+    sim_api(env.sim, "PUT", "/timing", {"csi_clone": 30})  # the clone takes 0.75 s: the later delays are mid-clone
+    try:
+        task = asyncio.ensure_future(ws.start({}, []))
+        await asyncio.sleep(delay)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    finally:
+        sim_api(env.sim, "PUT", "/timing", {"csi_clone": saved})
     # Long enough for a clone and a boot at this speed: would the start carry on behind our back?
     await asyncio.sleep(2.5)
     assert ws.vmi is None

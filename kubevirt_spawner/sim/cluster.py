@@ -35,7 +35,8 @@ NAMESPACE = BY_KIND["Namespace"]
 DEFAULT_TIMING = {
     "bind": 1.0,             # CSI provisioning of a new RBD image
     "clone_schedule": 2.0,   # DataVolume CloneScheduled -> CloneInProgress
-    "clone": 30.0,           # the whole clone, reported in ten progress steps
+    "clone": 30.0,           # a host-assisted (copy) clone, reported in ten progress steps
+    "csi_clone": 3.0,        # a CSI (copy-on-write) clone: no progress reported
     "schedule": 0.5,         # VMI Scheduling -> Scheduled
     "schedule_retry": 2.0,   # how often unschedulable or waiting work is retried
     "launch": 3.0,           # Scheduled -> Running (virt-launcher up, volumes attached)
@@ -143,6 +144,8 @@ class Cluster:
         if self.fresh:
             seed_cluster(self)
         label_virt_handler_nodes(self.store)
+        for sc in self.store.list(BY_KIND["StorageClass"]):
+            self.storage.storage_profile(sc["metadata"]["name"])
         for vmi in self.store.list(VMI):
             ip = (field_value(vmi, "status.interfaces") or [{}])[0].get("ipAddress")
             if ip and field_value(vmi, "status.phase") not in ("Succeeded", "Failed"):
@@ -217,6 +220,9 @@ class Cluster:
                     self.dv_queue.add(_key(dv))
         elif rt is SERVICE:
             self.service_queue.add(key)
+        elif rt.kind in ("StorageClass", "StorageProfile") and kind != "DELETED":
+            # CDI's storage profile controller follows its StorageClass and its own spec.
+            asyncio.get_running_loop().call_soon(self.storage.storage_profile, obj["metadata"]["name"])
         elif rt is NODE:
             self.node_queue.add(key)
             for vmi in self.store.list(VMI):

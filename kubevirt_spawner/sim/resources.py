@@ -98,6 +98,8 @@ RESOURCE_TYPES: tuple[ResourceType, ...] = (
                  categories=("all",), subresources=("status",), schema="DataVolume",
                  columns=(Column("Phase", "status.phase"), Column("Progress", "status.progress"),
                           Column("Restarts", "status.restartCount", "integer"), _AGE)),
+    ResourceType("cdi.kubevirt.io", ("v1beta1",), "StorageProfile", "storageprofiles", namespaced=False,
+                 subresources=("status",), columns=(_AGE,)),
     ResourceType("snapshot.kubevirt.io", ("v1beta1", "v1alpha1"), "VirtualMachineSnapshot",
                  "virtualmachinesnapshots", short_names=("vmsnapshot", "vmsnapshots"), categories=("all",),
                  subresources=("status",), schema="VirtualMachineSnapshot",

@@ -78,10 +78,7 @@ def seed_objects() -> list[dict]:
               "32", "256Gi", {"nvidia.com/gpu": "4"},
               [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]),
         {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
-         "metadata": {"name": "ceph-rbd", "annotations": {
-             "storageclass.kubernetes.io/is-default-class": "true",
-             # What CDI's StorageProfile says for this class.
-             "sim.kubevirt.io/volume-mode": "Block", "sim.kubevirt.io/access-mode": "ReadWriteOnce"}},
+         "metadata": {"name": "ceph-rbd", "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
          "provisioner": "rbd.csi.ceph.com", "reclaimPolicy": "Delete", "allowVolumeExpansion": True,
          "volumeBindingMode": "Immediate",
          "parameters": {"clusterID": "ceph", "pool": "kubevirt-rbd", "imageFeatures": "layering"}},

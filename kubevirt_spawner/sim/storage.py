@@ -22,6 +22,18 @@ PVC = BY_KIND["PersistentVolumeClaim"]
 DV = BY_KIND["DataVolume"]
 SC = BY_KIND["StorageClass"]
 PVC_PROTECTION = "kubernetes.io/pvc-protection"
+PROFILE = BY_KIND["StorageProfile"]
+VSCLASS = BY_KIND["VolumeSnapshotClass"]
+# What CDI knows of provisioners (pkg/storagecapabilities/storagecapabilities.go): Ceph RBD.
+RBD_CAPABILITIES = {"claimPropertySets": [{"accessModes": ["ReadWriteMany"], "volumeMode": "Block"},
+                                          {"accessModes": ["ReadWriteOnce"], "volumeMode": "Block"},
+                                          {"accessModes": ["ReadWriteOnce"], "volumeMode": "Filesystem"}],
+                    "cloneStrategy": "csi-clone"}
+KNOWN_PROVISIONERS = {"rbd.csi.ceph.com": RBD_CAPABILITIES}
+PROGRESS_NA = "N/A"
+# The DataVolume phase while a clone runs, by strategy (CDI's populator phase map).
+CLONE_PHASES = {"csi-clone": "CSICloneInProgress", "snapshot": "SnapshotForSmartCloneInProgress",
+                "copy": "CloneInProgress"}
 
 
 def default_storage_class(store) -> dict | None:
@@ -35,6 +47,39 @@ class Storage:
     def __init__(self, cluster):
         self.c = cluster
         self.store = cluster.store
+        self.broken_clones: set[tuple[str, str]] = set()  # DataVolumes whose clone cannot proceed
+
+    # ================= CDI StorageProfiles
+    def storage_profile(self, sc_name: str) -> dict | None:
+        """The StorageProfile CDI keeps for a StorageClass (pkg/controller/storageprofile-controller.go),
+        created on first need. The clone strategy: spec.cloneStrategy, else the class's
+        cdi.kubevirt.io/clone-strategy annotation, else what CDI knows of the provisioner, else
+        snapshot when the driver has a VolumeSnapshotClass, else copy."""
+        sc = self.store.get(SC, "", sc_name)
+        if sc is None:
+            return None
+        profile = self.store.get(PROFILE, "", sc_name)
+        if profile is None:
+            profile = self.store.create(PROFILE, {"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "StorageProfile",
+                                                  "metadata": {"name": sc_name, "ownerReferences": [
+                                                      self.c.owner_ref(sc)]}, "spec": {}})
+        provisioner = sc.get("provisioner", "")
+        known = KNOWN_PROVISIONERS.get(provisioner, {})
+        snapshot_class = next((v["metadata"]["name"] for v in self.store.list(VSCLASS) if v.get("driver") == provisioner),
+                              None)
+        strategy = (field_value(profile, "spec.cloneStrategy")
+                    or (sc["metadata"].get("annotations") or {}).get("cdi.kubevirt.io/clone-strategy")
+                    or known.get("cloneStrategy") or ("snapshot" if snapshot_class else "copy"))
+        status = {"storageClass": sc_name, "provisioner": provisioner, "cloneStrategy": strategy,
+                  "claimPropertySets": field_value(profile, "spec.claimPropertySets")
+                  or copy.deepcopy(known.get("claimPropertySets") or [])}
+        if snapshot_class:
+            status["snapshotClass"] = snapshot_class
+        if profile.get("status") != status:
+            new = copy.deepcopy(profile)
+            new["status"] = status
+            profile = self.store.update(PROFILE, new, subresource="status", check_rv=False)
+        return profile
 
     # ================= PersistentVolumeClaims
     async def reconcile_pvc(self, key):
@@ -137,8 +182,17 @@ class Storage:
         if field_value(pvc, "status.phase") != "Bound":
             return self._dv_status(dv, "Pending", "N/A", bound=("False", "Pending", "PVC Pending"))
         clone = "pvc" in source
-        scheduled, in_progress = ("CloneScheduled", "CloneInProgress") if clone else ("ImportScheduled",
-                                                                                     "ImportInProgress")
+        strategy = field_value(self.storage_profile(field_value(pvc, "spec.storageClassName") or ""),
+                               "status.cloneStrategy") if clone else None
+        scheduled, in_progress = ("CloneScheduled", CLONE_PHASES.get(strategy, "CloneInProgress")) if clone \
+            else ("ImportScheduled", "ImportInProgress")
+        if clone and phase in (None, "", "Pending"):
+            problem = self._clone_problem(dv, pvc)
+            if problem:
+                # CDI keeps the phase and says why on the conditions and in an Event; it never fails
+                # the DataVolume for this (pkg/controller/datavolume/pvc-clone-controller.go).
+                return self._dv_status(dv, phase or "", PROGRESS_NA, bound=("False", "CloneValidationFailed", problem),
+                                       event=("Warning", "CloneValidationFailed", problem), retry=True)
         if phase in (None, "", "Pending"):
             if clone:
                 src = source["pvc"]
@@ -150,13 +204,15 @@ class Storage:
             if not self.c.step_due(self.c.dv_queue, key, "clone_schedule"):
                 return
             if self.c.faults.take_clone_failure():
-                msg = "clone failed: the source volume could not be read (injected by the simulator)"
-                return self._dv_status(dv, "Failed", "N/A", running=("False", "Error", msg),
-                                       event=("Warning", "CloneFailed" if clone else "ImportFailed", msg))
-            self._dv_status(dv, in_progress, "0.00%", running=("True", "Pod is running", ""),
-                            event=("Normal", "CloneInProgress" if clone else "ImportInProgress",
-                                   f"Cloning from {source['pvc'].get('namespace') or ns}/{source['pvc']['name']} "
-                                   f"into {ns}/{name} in progress" if clone else "Import into " + name + " started"))
+                self.broken_clones.add(key)
+            host_assisted = not clone or strategy == "copy"
+            src_name = f"{source['pvc'].get('namespace') or ns}/{source['pvc']['name']}" if clone else ""
+            message = (f"Cloning from {src_name} into {ns}/{name} in progress" if host_assisted and clone
+                       else f"CSI Volume clone in progress (for pvc {src_name})" if strategy == "csi-clone"
+                       else f"Smart clone in progress (for pvc {src_name})" if clone else f"Import into {name} started")
+            self._dv_status(dv, in_progress, "0.00%" if host_assisted else PROGRESS_NA,
+                            running=("True", "Pod is running" if host_assisted else "", ""),
+                            event=("Normal", in_progress, message))
             if clone:
                 src_pvc = self.store.get(PVC, source["pvc"].get("namespace") or ns, source["pvc"]["name"])
                 if src_pvc is not None:
@@ -165,7 +221,55 @@ class Storage:
             self.c.step_due(self.c.dv_queue, key, "clone-step", self.c.t("clone") / 10)
             return
         if phase == in_progress:
+            if key in self.broken_clones:
+                return self._stuck(dv, pvc, strategy)
+            if strategy in ("csi-clone", "snapshot"):
+                return self._fast_clone(dv)
             self._progress(dv)
+
+    def _clone_problem(self, dv: dict, target: dict) -> str | None:
+        """CDI's clone validation: a target smaller than its source cannot be cloned into."""
+        src = field_value(dv, "spec.source.pvc") or {}
+        source = self.store.get(PVC, src.get("namespace") or dv["metadata"]["namespace"], src.get("name", ""))
+        if source is None:
+            return None
+        want = parse_quantity(field_value(target, "spec.resources.requests.storage") or 0)
+        have = parse_quantity(field_value(source, "status.capacity.storage")
+                              or field_value(source, "spec.resources.requests.storage") or 0)
+        if want < have:
+            return ("The clone doesn't meet the validation requirements: target resources requests storage size is "
+                    f"smaller than the source {int(want)} < {int(have)}")
+        return None
+
+    def _stuck(self, dv: dict, pvc: dict, strategy: str | None):
+        """A clone that fails, as CDI shows it: no progress and Warning events, never phase Failed.
+        A CSI clone fails in the driver (the claim is not provisioned), a host-assisted one in its
+        clone pod, which is restarted."""
+        ns, name = dv["metadata"]["namespace"], dv["metadata"]["name"]
+        if not self.c.step_due(self.c.dv_queue, (ns, name), "schedule_retry"):
+            return
+        if strategy in ("csi-clone", "snapshot"):
+            self.c.events.record(pvc, "Warning", "ProvisioningFailed",
+                                 'failed to provision volume with StorageClass "{}": rpc error: code = Internal desc = '
+                                 "image clone failed (injected by the simulator)".format(
+                                     field_value(pvc, "spec.storageClassName")), "rbd.csi.ceph.com")
+        else:
+            new = copy.deepcopy(dv)
+            new["status"]["restartCount"] = int(field_value(dv, "status.restartCount") or 0) + 1
+            self.store.update(DV, new, subresource="status", check_rv=False)
+            self.c.events.record(dv, "Warning", "CloneFailed", "clone pod failed: the source volume could not be "
+                                 "read (injected by the simulator)", "datavolume-pvc-clone-controller")
+        self.c.step_due(self.c.dv_queue, (ns, name), "schedule_retry")
+
+    def _fast_clone(self, dv: dict):
+        """A CSI or snapshot clone: copy-on-write, done in one step, no progress to report."""
+        ns, name = dv["metadata"]["namespace"], dv["metadata"]["name"]
+        if not self.c.step_due(self.c.dv_queue, (ns, name), "csi_clone"):
+            return
+        src = field_value(dv, "spec.source.pvc") or {}
+        self._dv_status(dv, "Succeeded", "100.0%", running=("False", "Completed", "Clone Complete"), ready=True,
+                        event=("Normal", "CloneSucceeded", f"Successfully cloned from {src.get('namespace') or ns}/"
+                                                           f"{src.get('name')} into {ns}/{name}"))
 
     def _progress(self, dv: dict):
         """Ten progress updates over the clone time, then Succeeded."""
@@ -193,11 +297,11 @@ class Storage:
         if not sc_name:
             sc = default_storage_class(self.store)
             sc_name = sc["metadata"]["name"] if sc else None
-        sc = self.store.get(SC, "", sc_name) if sc_name else None
-        profile = ((sc or {}).get("metadata", {}).get("annotations") or {})
-        pvc_spec = {"accessModes": base.get("accessModes") or
-                    [profile.get("sim.kubevirt.io/access-mode", "ReadWriteOnce")],
-                    "volumeMode": base.get("volumeMode") or profile.get("sim.kubevirt.io/volume-mode", "Filesystem"),
+        # spec.storage leaves access and volume mode to the StorageProfile's first property set.
+        profile = self.storage_profile(sc_name) if sc_name else None
+        defaults = (field_value(profile, "status.claimPropertySets") or [{}])[0]
+        pvc_spec = {"accessModes": base.get("accessModes") or list(defaults.get("accessModes") or ["ReadWriteOnce"]),
+                    "volumeMode": base.get("volumeMode") or defaults.get("volumeMode") or "Filesystem",
                     "resources": base.get("resources") or {"requests": {"storage": "1Gi"}},
                     "storageClassName": sc_name}
         meta = dv["metadata"]

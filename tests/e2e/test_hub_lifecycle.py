@@ -49,7 +49,7 @@ def test_files_survive_stop_and_start_and_a_stopped_gpu_is_free_for_others(hub, 
     bob_vmi = cluster.vmi("notebook-bob", "bob-workstation")
     assert bob_vmi["status"]["nodeName"] == "vm-gpu-pci-1"
     messages = [e["message"] for e in bob_events]
-    assert any(m.startswith("Cloning your system disk from ubuntu-24-04-cuda-golden:") for m in messages)
+    assert "Cloning your system disk from ubuntu-24-04-cuda-golden (copy-on-write)" in messages
     assert any(m == "Guest agent connected" for m in messages) and any(m == "Starting Jupyter" for m in messages)
     # The cluster's own words about why bob waited are in his progress stream too.
     assert any(m.startswith("FailedScheduling: ") and GPU in m for m in messages), messages

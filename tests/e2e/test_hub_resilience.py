@@ -30,13 +30,13 @@ def dv_phase(cluster, ns, name):
 
 
 def test_hub_crash_in_the_middle_of_a_clone_then_start_completes_with_one_disk(hub, cluster, slow):
-    slow(clone=300)  # 15 s at the e2e speed
+    slow(csi_clone=300)  # 15 s at the e2e speed (the seeded RBD class clones by CSI, copy-on-write)
     assert hub.request_start("frank").status_code == 202
-    wait_for(lambda: dv_phase(cluster, "notebook-frank", "frank-rootdisk") == "CloneInProgress", 30,
+    wait_for(lambda: dv_phase(cluster, "notebook-frank", "frank-rootdisk") == "CSICloneInProgress", 30,
              what="clone in progress")
     hub.restart(crash=True)
-    assert dv_phase(cluster, "notebook-frank", "frank-rootdisk") == "CloneInProgress"
-    slow(clone=40)
+    assert dv_phase(cluster, "notebook-frank", "frank-rootdisk") == "CSICloneInProgress"
+    slow(csi_clone=40)
     r = hub.request_start("frank")
     assert r.status_code in (201, 202, 400), r.text  # 400: the new hub adopted the start already
     hub.wait_ready("frank", timeout=120)
