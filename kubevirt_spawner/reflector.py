@@ -42,12 +42,16 @@ def slim(obj: dict) -> dict:
 class Reflector:
     def __init__(self, kube: k.Kube, kind: k.Kind, on_change: Callable[[], None], namespace: str | None = None,
                  label_selector: str | None = None, keep: Callable[[dict], bool] | None = None,
-                 field_selector: str | None = None):
+                 field_selector: str | None = None, optional: bool = False):
         self.kube, self.kind, self.namespace = kube, kind, namespace
         self.label_selector, self.field_selector = label_selector, field_selector
         self.keep = keep or (lambda obj: True)
         self.objects: dict[tuple[str, str], dict] = {}
         self.synced = False
+        # An optional cache the hub may not read (403) counts as synced and empty, so that nothing
+        # waits for it forever; it is tried again now and then.
+        self.optional = optional
+        self.forbidden = False
         self._on_change = on_change
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = threading.Event()
@@ -77,9 +81,14 @@ class Reflector:
 
     # ------------------------------------------------ on the event loop
     def _replace_all(self, items: list[dict]):
+        self.forbidden = False
         self.objects = {_key(o): o for o in items if self.keep(o)}
         self.synced = True
         self._on_change()
+
+    def _forbid(self):
+        self._replace_all([])
+        self.forbidden = True
 
     def _apply(self, event_type: str, obj: dict):
         key = _key(obj)
@@ -117,6 +126,12 @@ class Reflector:
             except k.KubeError as err:
                 if self._stopping.is_set():
                     return
+                if self.optional and err.status == 403:
+                    if not self.forbidden:
+                        self.kube.log.warning("cannot watch %s (%s): going on without them", self.kind.plural, err)
+                    self._post(self._forbid)
+                    self._stopping.wait(300)
+                    continue
                 failures += 1
                 delay = min(0.5 * 2 ** min(failures, 6), 30.0) * (0.5 + random.random() / 2)
                 level = logging.DEBUG if err.status == 410 else logging.WARNING
@@ -159,7 +174,10 @@ class Caches:
         sel = label_selector
 
         def watched_event(ev: dict) -> bool:
-            return (ev.get("involvedObject") or {}).get("kind") in WATCHED_EVENT_KINDS
+            involved = ev.get("involvedObject") or {}
+            if involved.get("kind") == "Pod":  # of the pods, only KubeVirt's launchers
+                return (involved.get("name") or "").startswith("virt-launcher-")
+            return involved.get("kind") in WATCHED_EVENT_KINDS
 
         self.vms = Reflector(kube, k.VM, self._notify, namespace, sel)
         self.vmis = Reflector(kube, k.VMI, self._notify, namespace, sel)
@@ -167,7 +185,7 @@ class Caches:
         self.pvcs = Reflector(kube, k.PVC, self._notify, namespace, sel)
         self.services = Reflector(kube, k.SERVICE, self._notify, namespace, sel)
         # Whether a machine's node still answers: KubeVirt leaves the VMI Running on a lost node.
-        self.nodes = Reflector(kube, k.NODE, self._notify)
+        self.nodes = Reflector(kube, k.NODE, self._notify, optional=True)
         self.reflectors = [self.vms, self.vmis, self.dvs, self.pvcs, self.services, self.nodes]
         self.events = None
         if events:
@@ -237,18 +255,36 @@ class Caches:
     async def wait_synced(self, timeout: float | None = None):
         await self.wait_for(lambda: self.synced, timeout)
 
-    def on_lost_node(self, vmi: dict) -> bool:
-        """A VMI that is not finished on a node that stopped answering (its Ready condition not
-        True, as the node lifecycle controller marks it) or that is gone: the machine may still run
-        there, holding its disk, until the node is fenced. KubeVirt keeps such a VMI Running."""
-        node_name = (vmi.get("status") or {}).get("nodeName")
-        if not node_name or (vmi.get("status") or {}).get("phase") in FINAL_PHASES:
+    def _node_of(self, vmi: dict) -> tuple[bool, dict | None]:
+        """(whether the VMI is unfinished on a node, that node as cached). Without permission to
+        read Nodes, nothing is known of them."""
+        status = vmi.get("status") or {}
+        if not status.get("nodeName") or status.get("phase") in FINAL_PHASES or self.nodes.forbidden:
+            return False, None
+        return True, self.nodes.get("", status["nodeName"])
+
+    def on_unreachable_node(self, vmi: dict) -> bool:
+        """An unfinished VMI on a node that stopped answering (Ready=Unknown, as the node lifecycle
+        controller marks it) or that is gone: the machine may still run there and hold its disk,
+        so nothing else may start on that disk until the node is fenced. KubeVirt keeps the VMI
+        Running meanwhile. (Ready=False is a node that answers and reports a problem.)"""
+        placed, node = self._node_of(vmi)
+        if not placed:
             return False
-        node = self.nodes.get("", node_name)
         if node is None:
             return True
         ready = [c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"]
-        return not ready or ready[0].get("status") != "True"
+        return bool(ready) and ready[0].get("status") == "Unknown"
+
+    def on_lost_node(self, vmi: dict) -> bool:
+        """Unreachable, and KubeVirt has given up on the node's virt-handler after its heartbeat
+        timeout (it labels the node kubevirt.io/schedulable=false; pkg/virt-controller/watch/node/
+        node.go): a short network blip is not a lost machine."""
+        if not self.on_unreachable_node(vmi):
+            return False
+        _, node = self._node_of(vmi)
+        return node is None or ((node.get("metadata") or {}).get("labels") or {}).get(
+            "kubevirt.io/schedulable") == "false"
 
     def events_for(self, namespace: str, names: set[str], prefixes: tuple[str, ...] = ()) -> list[dict]:
         """Cluster Events about the given objects (and those whose names start with a prefix, such

@@ -170,6 +170,9 @@ class KubeVirtSpawner(Spawner):
             raise TraitError(str(exc)) from None
         if self.max_concurrent_clones < 1:
             raise TraitError("KubeVirtSpawner.max_concurrent_clones must be at least 1")
+        if self.clone_stall_timeout >= self.start_timeout:
+            raise TraitError(f"KubeVirtSpawner.clone_stall_timeout ({self.clone_stall_timeout:.0f}) must be shorter "
+                             f"than start_timeout ({self.start_timeout}), or a stuck clone is never noticed")
         if not callable(self.profile_list):
             self._profiles()
 

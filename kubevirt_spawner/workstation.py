@@ -31,6 +31,10 @@ ANNOTATION_SPEC_HASH = m.LABEL_PREFIX + "spec-hash"
 SNAPSHOT = k.Kind("VirtualMachineSnapshot", "snapshot.kubevirt.io", "v1beta1", "virtualmachinesnapshots")
 FINAL_PHASES = ("Succeeded", "Failed")
 STALL_CHECK_SECONDS = 5.0
+# DataVolume phases of a CSI or snapshot clone (copy-on-write, progress "N/A"), and of a disk that
+# waits for its first consumer (no clone stalls there).
+COPY_ON_WRITE_PHASES = ("CSICloneInProgress", "SnapshotForSmartCloneInProgress", "CSICloneSourceInUse")
+WAITING_FOR_CONSUMER = ("WaitForFirstConsumer", "PendingPopulation")
 ALREADY_RUNNING = ("already running", "does not support manual start requests")
 
 Report = Callable[[int, str], None]
@@ -98,6 +102,7 @@ class CloneGate:
                     last = (ahead, running)
                 await caches.wait_for(functools.partial(self._moved, key, caches, (ahead, running)))
             self.admitted.add(key)
+            self.stalled.discard(key)  # a new clone of that disk (the stuck one was removed)
         finally:
             self.queue.remove(key)
             caches.notify()  # the next in the queue may go now
@@ -244,7 +249,7 @@ class Workstation:
         for vmi in self.attached_elsewhere():
             name = vmi["metadata"]["name"]
             node = field_value(vmi, "status.nodeName") or "an unknown node"
-            if self.caches.on_lost_node(vmi):
+            if self.caches.on_unreachable_node(vmi):
                 raise WorkstationError(
                     f"Your workstation's disk is still attached to a machine on node {node}, which has stopped "
                     f"responding. It cannot start anywhere else until an administrator confirms that {node} is "
@@ -431,7 +436,7 @@ class Workstation:
         await self.caches.wait_synced()
         # Always ask: the cache may not show a VM we have just created (a stop after a failed start).
         await self._stop_call(now)
-        if self.status() == "lost":
+        if self.vmi is not None and self.caches.on_unreachable_node(self.vmi):
             # Halted now, so it does not come back by itself once the node is fenced.
             self.log.warning("%s is on node %s, which is not responding: it stays there until the node is fenced",
                              ident.vm, field_value(self.vmi, "status.nodeName"))
@@ -441,7 +446,11 @@ class Workstation:
         except asyncio.TimeoutError:
             self.log.warning("%s did not shut down within %ss: forcing it off", ident.vm, self.settings.stop_timeout)
             await self._stop_call(True)
-            await self.caches.wait_for(self._gone, 60)
+            try:
+                await self.caches.wait_for(self._gone, 60)
+            except asyncio.TimeoutError:
+                self.log.error("%s is still there a minute after it was forced off: check its node and its "
+                               "virt-launcher pod", ident.vm)
 
     def _gone(self) -> bool:
         """Stopped as far as the caches know: no VMI, and the VM no longer asks for one."""
@@ -520,12 +529,15 @@ class _StartSteps:
                                    reason="clone-failed", status_code=500)
         if dv is not None and phase != "Succeeded":
             self.waiting_for = "the system disk clone to finish"
-            self._check_clone_moves(dv)
-            progress = field_value(dv, "status.progress") or "N/A"
-            try:
-                pct = float(progress.rstrip("%"))
-            except ValueError:  # "N/A": a CSI clone, copy-on-write, reports no progress
+            if phase not in WAITING_FOR_CONSUMER:
+                self._check_clone_moves(dv)
+            if phase in COPY_ON_WRITE_PHASES:  # no progress to report
                 self.say(20, f"Cloning your system disk from {spec.golden_name} (copy-on-write)")
+                return None
+            try:
+                pct = float((field_value(dv, "status.progress") or "").rstrip("%"))
+            except ValueError:  # "N/A" before a copy has begun
+                self.say(5, f"Cloning your system disk from {spec.golden_name}")
                 return None
             self.say(5 + int(pct * 0.55), f"Cloning your system disk from {spec.golden_name}: {pct:.0f}%")
             return None
@@ -543,7 +555,7 @@ class _StartSteps:
         if vmi_phase in FINAL_PHASES:
             raise WorkstationError("Your workstation shut down while it was booting. Start it again; if it keeps "
                                    "happening, ask your administrator.", reason="boot-failed", status_code=500)
-        if ws.caches.on_lost_node(vmi):
+        if ws.caches.on_unreachable_node(vmi):
             ws._refuse_double_attach()
         scheduled = condition(vmi, "PodScheduled")
         if not field_value(vmi, "status.nodeName"):

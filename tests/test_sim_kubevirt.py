@@ -336,6 +336,32 @@ def test_a_lost_node_keeps_its_vmi_running_until_its_launcher_pod_is_gone(custom
     assert not [e for e in core.list_namespaced_event(ns).items if "Unknown" in (e.message or "")]
 
 
+def test_a_node_back_after_eviction_finishes_its_terminating_pods(custom, core, sim):
+    """Pods evicted from an unreachable node stay Terminating (no kubelet confirms); when the node
+    answers again its kubelet stops them, and the VMIs whose pods are gone fail
+    (pkg/controller/tainteviction/taint_eviction.go, pkg/virt-controller/watch/vmi/lifecycle.go)."""
+    ns = "comeback"
+    core.create_namespace({"metadata": {"name": ns}})
+    saved = sim_api(sim, "GET", "/timing")["timing"]
+    sim_api(sim, "PUT", "/timing", {"eviction": 40})  # 1 s at the tests' speed
+    try:
+        running_vm(sim, custom, ns, "c")
+        custom.patch_namespaced_custom_object(*KV, ns, "virtualmachines", "c", {"spec": {"runStrategy": "Manual"}})
+        node = custom.get_namespaced_custom_object(*KV, ns, "virtualmachineinstances", "c")["status"]["nodeName"]
+        pod = core.list_namespaced_pod(ns, label_selector="kubevirt.io=virt-launcher").items[0].metadata.name
+        requests.post(f"{sim.url}/sim/v1/nodes/{node}/lose")
+        wait_for(lambda: core.read_namespaced_pod(pod, ns).metadata.deletion_timestamp, what="pod Terminating")
+        requests.post(f"{sim.url}/sim/v1/nodes/{node}/recover")
+        wait_for(lambda: not core.list_namespaced_pod(ns).items, what="the kubelet finished the pod")
+        wait_for(lambda: vmi_phase(custom, ns, "c") == "Failed", what="VMI failed")
+        assert not any(g["name"] == "c" and g["alive"]
+                       for g in requests.get(f"{sim.url}/sim/v1/guests").json()["guests"])
+    finally:
+        requests.post(f"{sim.url}/sim/v1/nodes/{node}/recover")
+        sim_api(sim, "PUT", "/timing", saved)
+    action(sim, ns, "c", "stop")
+
+
 def test_a_deleted_launcher_pod_fails_its_vmi(custom, core, sim):
     """A Running VMI whose launcher pod is gone is Failed (pkg/virt-controller/watch/vmi/lifecycle.go);
     `kubectl delete pod --force` on a node that answers."""

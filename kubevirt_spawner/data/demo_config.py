@@ -37,6 +37,7 @@ c.KubeVirtSpawner.golden_image = "vm-images/ubuntu-24-04-cuda-golden"
 c.KubeVirtSpawner.root_disk_size = "60Gi"
 c.KubeVirtSpawner.args = ["--ContentsManager.allow_hidden=True"]  # dotfiles are part of a workstation
 c.KubeVirtSpawner.start_timeout = 300
+c.KubeVirtSpawner.clone_stall_timeout = 120
 c.KubeVirtSpawner.http_timeout = 60
 
 gpu_placement = {

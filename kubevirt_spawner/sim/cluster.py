@@ -201,6 +201,8 @@ class Cluster:
                     if pvc["metadata"].get("deletionTimestamp"):
                         self.pvc_queue.add(_key(pvc))
         elif rt is DV:
+            if kind == "DELETED":
+                self.storage.broken_clones.discard(key)  # a new disk of that name clones afresh
             self.dv_queue.add(key)
             for vm in self.store.list(VM, ns):
                 self.vm_queue.add(_key(vm))

@@ -50,6 +50,10 @@ def claim_names(spec: dict) -> list[tuple[str, str]]:
     return out
 
 
+def _pod_key(pod: dict) -> tuple[str, str]:
+    return pod["metadata"]["namespace"], pod["metadata"]["name"]
+
+
 def _as_launcher(vmi: dict) -> dict:
     """What the scheduler places: the launcher pod, which also needs a node where virt-handler
     runs and answers (pkg/virt-controller/services/nodeselectorrenderer.go)."""
@@ -433,6 +437,10 @@ class Compute:
             return
         if phase == "Scheduled":
             if not self.c.step_due(self.c.vmi_queue, key, "launch"):
+                return
+            node = self.store.get(NODE, "", field_value(vmi, "status.nodeName") or "")
+            if node is not None and not node_ready(node):
+                self.c.vmi_queue.add(key, self.c.t("schedule_retry"))  # no kubelet to start the pod
                 return
             blocked = self._attach_blocker(vmi, pod)
             if blocked:
@@ -818,7 +826,9 @@ class Compute:
             if labels.get(SCHEDULABLE_LABEL) == "false":  # virt-handler's heartbeat is back
                 self._label_node(node, "true")
             for pod in pods:
-                if not pod["metadata"].get("deletionTimestamp"):
+                if pod["metadata"].get("deletionTimestamp"):
+                    self.c.pod_queue.add(_pod_key(pod))  # its kubelet finishes the eviction now
+                else:
                     self.launchers.set_ready(pod, True)
             return
         # Not ready: pods are marked not ready at once (MarkPodsNotReady) ...

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import uuid
 
@@ -34,10 +35,10 @@ def label_virt_handler_nodes(store):
     select that. (Also brings a cluster saved by an older simulator up to date.)"""
     node_rt = BY_KIND["Node"]
     for node in store.list(node_rt):
-        labels = node["metadata"].setdefault("labels", {})
-        if virt_handler_runs_on(node) and "kubevirt.io/schedulable" not in labels:
-            labels["kubevirt.io/schedulable"] = "true"
-            store.update(node_rt, node, check_rv=False)
+        if virt_handler_runs_on(node) and "kubevirt.io/schedulable" not in (node["metadata"].get("labels") or {}):
+            new = copy.deepcopy(node)
+            new["metadata"].setdefault("labels", {})["kubevirt.io/schedulable"] = "true"
+            store.update(node_rt, new, check_rv=False)
 
 
 def _node(name: str, labels: dict, cpu: str, memory: str, extra: dict | None = None, taints=None) -> dict:

@@ -305,8 +305,8 @@ class ApiHandler(tornado.web.RequestHandler):
             while True:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
-                    if bookmarks:  # and one right before the deadline, as the watch cache sends it
-                        self.write(self._bookmark_line(rt, version))
+                    if bookmarks and w.queue.empty():  # and one right before the deadline, as the watch
+                        self.write(self._bookmark_line(rt, version))  # cache sends it; never past an event
                     break
                 try:
                     wait = min(remaining, next_bookmark - loop.time()) if bookmarks else remaining

@@ -63,13 +63,14 @@ def test_hub_crash_in_the_middle_of_a_boot_then_start_completes_with_one_disk(hu
     hub.stop_server("gina")
 
 
-def test_a_lost_node_blocks_the_start_until_it_is_fenced(hub, cluster):
+def test_a_lost_node_blocks_the_start_until_it_is_fenced(hub, cluster, slow):
     """Node loss as a real cluster shows it (Node Ready=Unknown, VMI still Running: kubevirt
     pkg/virt-controller/watch/node/node.go); fencing is Kubernetes' out-of-service taint
     (pkg/controller/podgc/gc_controller.go)."""
     hub.start_server("hana")
     hub.write_file("hana", "home/hana/work.txt", "before the node died")
     node = cluster.vmi("notebook-hana", "hana-workstation")["status"]["nodeName"]
+    slow(heartbeat_timeout=100)  # KubeVirt's verdict on the node after 5 s at the e2e speed
     cluster.sim_api("POST", f"/nodes/{node}/lose")
     try:
         # The node stops answering; KubeVirt keeps the VMI Running (no phase Unknown), and the
