@@ -472,6 +472,8 @@ async def test_a_cancelled_start_leaves_the_machine_stopped(env, delay):
             await task
     finally:
         sim_api(env.sim, "PUT", "/timing", {"csi_clone": saved})
+    # The caller is released at once; the start's clean-up (a forced stop) goes on: join it.
+    await asyncio.wait_for(ws.stop(now=True), 60)
     # Long enough for a clone and a boot at this speed: would the start carry on behind our back?
     await asyncio.sleep(2.5)
     assert ws.vmi is None
