@@ -18,6 +18,17 @@ import time
 
 import requests
 
+from kubevirt_spawner.sim.auth import ADMIN_TOKEN
+
+
+def admin_session(state: str) -> requests.Session:
+    """HTTPS to the simulator as its admin, trusting the cluster CA in its state directory."""
+    s = requests.Session()
+    s.trust_env = False
+    s.verify = os.path.join(state, "pki", "ca.crt")
+    s.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
+    return s
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -30,9 +41,9 @@ def start_simulator(state: str, port: int) -> subprocess.Popen:
     deadline = time.time() + 30
     while time.time() < deadline:
         try:
-            requests.get(f"http://127.0.0.1:{port}/version", timeout=1)
+            admin_session(state).get(f"https://127.0.0.1:{port}/version", timeout=1)
             return proc
-        except requests.RequestException:
+        except (requests.RequestException, OSError):  # not listening, or no CA written yet
             time.sleep(0.2)
     proc.kill()
     raise SystemExit("the simulator did not come up")
@@ -46,12 +57,12 @@ def vm_body(i: int) -> dict:
                 "volumes": [{"name": "root", "persistentVolumeClaim": {"claimName": f"disk{i}"}}]}}}}
 
 
-def rate(fn, seconds: float, workers: int) -> float:
+def rate(fn, seconds: float, workers: int, state: str) -> float:
     stop = time.monotonic() + seconds
     count = [0] * workers
 
     def loop(w):
-        s = requests.Session()
+        s = admin_session(state)
         while time.monotonic() < stop:
             fn(s)
             count[w] += 1
@@ -67,11 +78,11 @@ def main():
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--port", type=int, default=18555)
     args = parser.parse_args()
-    base = f"http://127.0.0.1:{args.port}"
+    base = f"https://127.0.0.1:{args.port}"
     with tempfile.TemporaryDirectory() as state:
         proc = start_simulator(state, args.port)
         try:
-            s = requests.Session()
+            s = admin_session(state)
             s.post(f"{base}/api/v1/namespaces", json={"metadata": {"name": "bench"}}).raise_for_status()
             t0 = time.monotonic()
             for i in range(args.vmis):
@@ -92,10 +103,10 @@ def main():
             all_running = time.monotonic() - t0
             get_rps = rate(lambda ss: ss.get(
                 f"{base}/apis/kubevirt.io/v1/namespaces/bench/virtualmachineinstances/vm7").raise_for_status(),
-                args.seconds, 4)
+                args.seconds, 4, state)
             list_rps = rate(lambda ss: ss.get(
                 f"{base}/apis/kubevirt.io/v1/namespaces/bench/virtualmachineinstances").raise_for_status(),
-                args.seconds, 2)
+                args.seconds, 2, state)
             # Watch fan-out: N watchers on all VMIs while VM labels change.
             rv = s.get(f"{base}/apis/kubevirt.io/v1/namespaces/bench/virtualmachineinstances?limit=1").json()[
                 "metadata"]["resourceVersion"]
@@ -103,9 +114,9 @@ def main():
             writes = 200
 
             def watcher(w):
-                r = requests.get(f"{base}/apis/kubevirt.io/v1/namespaces/bench/virtualmachineinstances",
-                                 params={"watch": "true", "resourceVersion": rv, "timeoutSeconds": "60"},
-                                 stream=True)
+                r = admin_session(state).get(f"{base}/apis/kubevirt.io/v1/namespaces/bench/virtualmachineinstances",
+                                             params={"watch": "true", "resourceVersion": rv, "timeoutSeconds": "60"},
+                                             stream=True)
                 for line in r.iter_lines():
                     if line:
                         received[w] += 1

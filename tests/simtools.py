@@ -7,9 +7,11 @@ import time
 import requests
 from kubernetes import client, config
 
-from kubevirt_spawner.sim import SimulatorThread
+from kubevirt_spawner.sim import SimulatorThread, write_kubeconfig
 
 FAST = 40.0  # controller speed factor in tests
+ADMIN = {"Authorization": "Bearer kubevirt-sim-admin"}  # the admin kubeconfig's credentials, for raw requests
+_sessions: dict[str, requests.Session] = {}
 
 
 def start_sim(path, **options) -> SimulatorThread:
@@ -18,8 +20,12 @@ def start_sim(path, **options) -> SimulatorThread:
 
 
 def api_client(sim) -> client.ApiClient:
+    return api_client_for(sim.kubeconfig)
+
+
+def api_client_for(kubeconfig: str) -> client.ApiClient:
     cfg = client.Configuration()
-    config.load_kube_config(config_file=sim.kubeconfig, client_configuration=cfg)
+    config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
     return client.ApiClient(cfg)
 
 
@@ -42,8 +48,35 @@ def answers(url: str) -> bool:
         return False
 
 
+def http(sim) -> requests.Session:
+    """Raw HTTPS requests to the simulator, as its admin (trusting the cluster's CA)."""
+    session = _sessions.get(sim.url)
+    if session is None:
+        session = _sessions[sim.url] = requests.Session()
+        session.trust_env = False  # REQUESTS_CA_BUNDLE would replace the cluster CA
+        session.verify = sim.ca_file
+        session.headers.update(ADMIN)
+    return session
+
+
 def sim_api(sim, method: str, path: str, body: dict | None = None) -> dict:
     """A call to the simulator's /sim/v1 control API (faults, timing, request counts)."""
-    r = requests.request(method, f"{sim.url}/sim/v1{path}", json=body, timeout=30)
+    r = http(sim).request(method, f"{sim.url}/sim/v1{path}", json=body, timeout=30)
     assert r.status_code < 400, r.text
     return r.json()
+
+
+def service_account_kubeconfig(sim, namespace: str, name: str, path) -> str:
+    """A kubeconfig that authenticates as ServiceAccount `namespace/name`, with a token from the
+    TokenRequest API (the ServiceAccount is created when missing). Its permissions are whatever
+    RBAC grants it."""
+    core = client.CoreV1Api(api_client(sim))
+    try:
+        core.create_namespaced_service_account(namespace, {"metadata": {"name": name}})
+    except client.ApiException as exc:
+        if exc.status != 409:
+            raise
+    token = core.create_namespaced_service_account_token(
+        name, namespace, {"spec": {"expirationSeconds": 24 * 3600}}).status.token
+    return write_kubeconfig(str(path), sim.url, sim.ca_file, f"system:serviceaccount:{namespace}:{name}", token,
+                            namespace)

@@ -6,12 +6,11 @@ import json
 import threading
 
 import pytest
-import requests
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from kube_objects import CDI, KV, SNAP, clone_dv, vm
-from simtools import sim_api, start_sim, wait_for
+from simtools import http, sim_api, start_sim, wait_for
 
 
 def status_of(exc: ApiException) -> dict:
@@ -25,11 +24,11 @@ def test_discovery_lists_groups_and_kinds(kube, sim):
         assert g in groups
     assert [v.version for v in groups["snapshot.kubevirt.io"].versions] == ["v1beta1", "v1alpha1"]
     assert client.VersionApi(kube).get_code().git_version.startswith("v1.32")
-    kv = requests.get(f"{sim.url}/apis/kubevirt.io/v1/").json()
+    kv = http(sim).get(f"{sim.url}/apis/kubevirt.io/v1/").json()
     vm_entry = next(r for r in kv["resources"] if r["name"] == "virtualmachines")
     assert vm_entry["namespaced"] and "watch" in vm_entry["verbs"] and "vm" in vm_entry["shortNames"]
     assert any(r["name"] == "virtualmachines/status" for r in kv["resources"])
-    sub = requests.get(f"{sim.url}/apis/subresources.kubevirt.io/v1").json()
+    sub = http(sim).get(f"{sim.url}/apis/subresources.kubevirt.io/v1").json()
     assert {"virtualmachines/start", "virtualmachines/stop", "virtualmachineinstances/guestosinfo"} <= \
         {r["name"] for r in sub["resources"]}
 
@@ -84,7 +83,7 @@ def test_patches_merge_json_with_test_and_strategic(core, custom, ns, sim):
     custom.patch_namespaced_custom_object(*KV, ns, "virtualmachines", "v", {"metadata": {"labels": {"k": "v"}}})
     got = custom.patch_namespaced_custom_object(*KV, ns, "virtualmachines", "v", {"metadata": {"labels": {"k": None}}})
     assert "k" not in (got["metadata"].get("labels") or {})
-    r = requests.patch(f"{sim.url}/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachines/v", data="{}",
+    r = http(sim).patch(f"{sim.url}/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachines/v", data="{}",
                        headers={"Content-Type": "application/strategic-merge-patch+json"})
     assert r.status_code == 415
 
@@ -163,9 +162,9 @@ def test_watch_bookmarks_only_when_asked(core, ns, sim):
         core.create_namespaced_config_map(ns, {"metadata": {"name": "b1"}})
         rv = core.list_namespaced_config_map(ns).metadata.resource_version
         url = f"{sim.url}/api/v1/namespaces/{ns}/configmaps"
-        with_marks = requests.get(url, params={"watch": "1", "resourceVersion": rv, "allowWatchBookmarks": "true",
+        with_marks = http(sim).get(url, params={"watch": "1", "resourceVersion": rv, "allowWatchBookmarks": "true",
                                                "timeoutSeconds": "2"}, timeout=10)
-        without = requests.get(url, params={"watch": "1", "resourceVersion": rv, "timeoutSeconds": "1"}, timeout=10)
+        without = http(sim).get(url, params={"watch": "1", "resourceVersion": rv, "timeoutSeconds": "1"}, timeout=10)
     finally:
         sim_api(sim, "PUT", "/timing", {"bookmark": saved})
     events = [json.loads(line) for line in with_marks.text.splitlines()]
@@ -190,7 +189,7 @@ def test_watch_timeout_and_cut(core, ns, sim):
         done.set()
     threading.Thread(target=watcher, daemon=True).start()
     wait_for(lambda: len(sim.cluster.store.watchers) > 0, what="watch registered")
-    assert requests.post(f"{sim.url}/sim/v1/watches/cut").json()["cut"] >= 1
+    assert http(sim).post(f"{sim.url}/sim/v1/watches/cut").json()["cut"] >= 1
     assert done.wait(5)
 
 
@@ -236,10 +235,10 @@ def test_schema_validation_prunes_or_refuses_unknown_fields(custom, ns, sim, sch
     assert body["details"]["causes"][0]["field"].startswith("spec.template.spec.domain.resources.requests")
     extra = vm("extra", "disk")
     extra["spec"]["template"]["spec"]["domain"]["bogusField"] = 1
-    r = requests.post(f"{sim.url}/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachines?fieldValidation=Strict",
+    r = http(sim).post(f"{sim.url}/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachines?fieldValidation=Strict",
                       json=extra)
     assert r.status_code == 422 and "bogusField" in r.text
-    r = requests.post(f"{sim.url}/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachines", json=extra)
+    r = http(sim).post(f"{sim.url}/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachines", json=extra)
     assert r.status_code == 201 and "bogusField" in r.headers.get("Warning", "")
     assert "bogusField" not in r.json()["spec"]["template"]["spec"]["domain"]
 
@@ -324,20 +323,20 @@ def test_state_survives_a_restart(tmp_path):
 
 
 def test_injected_api_errors(core, sim, ns):
-    requests.put(f"{sim.url}/sim/v1/faults/api", json={"verb": "list", "resource": "configmaps", "rate": 1,
+    http(sim).put(f"{sim.url}/sim/v1/faults/api", json={"verb": "list", "resource": "configmaps", "rate": 1,
                                                        "code": 429})
     try:
         with pytest.raises(ApiException) as e:
             core.list_namespaced_config_map(ns)
         assert e.value.status == 429 and e.value.headers.get("Retry-After") == "1"
     finally:
-        requests.delete(f"{sim.url}/sim/v1/faults/api")
+        http(sim).delete(f"{sim.url}/sim/v1/faults/api")
     core.list_namespaced_config_map(ns)
-    requests.put(f"{sim.url}/sim/v1/faults/api", json={"verb": "get", "resource": "secrets", "rate": 1, "code": 500})
+    http(sim).put(f"{sim.url}/sim/v1/faults/api", json={"verb": "get", "resource": "secrets", "rate": 1, "code": 500})
     try:
         with pytest.raises(ApiException) as e:
             core.read_namespaced_secret("x", ns)
         assert e.value.status == 500 and status_of(e.value)["reason"] == "InternalError"
     finally:
-        requests.delete(f"{sim.url}/sim/v1/faults/api")
-    assert requests.put(f"{sim.url}/sim/v1/faults/api", json={"rate": 2}).status_code == 400
+        http(sim).delete(f"{sim.url}/sim/v1/faults/api")
+    assert http(sim).put(f"{sim.url}/sim/v1/faults/api", json={"rate": 2}).status_code == 400

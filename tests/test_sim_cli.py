@@ -10,9 +10,10 @@ import sys
 import pytest
 import requests
 import yaml
+from kubernetes import client
 
 from kube_objects import KV, vm
-from simtools import api_client, start_sim
+from simtools import api_client, api_client_for, start_sim
 
 
 def test_sim_command_serves_and_writes_kubeconfig(tmp_path):
@@ -20,12 +21,15 @@ def test_sim_command_serves_and_writes_kubeconfig(tmp_path):
                              "--speed", "50", "--guests", "null"], stdout=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
-        assert "listening on http://127.0.0.1:" in line
+        assert "listening on https://127.0.0.1:" in line
         config = yaml.safe_load(open(tmp_path / "kubeconfig"))
         server = config["clusters"][0]["cluster"]["server"]
-        assert requests.get(server + "/version/").json()["major"] == "1"
-        assert {n["metadata"]["name"] for n in requests.get(server + "/api/v1/nodes").json()["items"]} == \
-            {"vm-cpu-1", "vm-cpu-2", "vm-gpu-pci-1", "container-gpu-1"}
+        # Anyone may read the version (system:public-info-viewer); the rest needs the kubeconfig's token.
+        ca = str(tmp_path / "pki" / "ca.crt")
+        assert requests.get(server + "/version/", verify=ca).json()["major"] == "1"
+        assert requests.get(server + "/api/v1/nodes", verify=ca).status_code == 403
+        nodes = client.CoreV1Api(api_client_for(str(tmp_path / "kubeconfig"))).list_node().items
+        assert {n.metadata.name for n in nodes} == {"vm-cpu-1", "vm-cpu-2", "vm-gpu-pci-1", "container-gpu-1"}
     finally:
         proc.terminate()
         assert proc.wait(30) == 0

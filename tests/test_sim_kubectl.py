@@ -94,3 +94,18 @@ def test_kubectl_delete_vm_with_templates_deletes_its_disk(kubectl, custom):
     kubectl("delete", "vm", "tpl", "-n", "kctl", "--wait=true", "--timeout=30s")
     wait_for(lambda: "tpl-disk" not in kubectl("get", "pvc,dv", "-n", "kctl", "-o", "name").stdout,
              what="template disk deleted")
+
+
+def test_kubectl_creates_service_accounts_and_their_tokens(kubectl, sim, tmp_path):
+    """kubectl sends protobuf for `create namespace`, `create serviceaccount` and `create token`
+    (the TokenRequest API, pkg/registry/core/serviceaccount/storage/token.go); the token it gets
+    is a ServiceAccount's, allowed only what RBAC grants (here: nothing but discovery)."""
+    kubectl("create", "namespace", "robots")
+    kubectl("create", "serviceaccount", "r2", "-n", "robots")
+    token = kubectl("create", "token", "r2", "-n", "robots", "--duration=1h").stdout.strip()
+    refused = kubectl("--token", token, "get", "pods", "-n", "robots", check=False)
+    assert refused.returncode == 1 and ('User "system:serviceaccount:robots:r2" cannot list resource "pods" in API '
+                                        'group "" in the namespace "robots"') in refused.stderr
+    short = kubectl("create", "token", "r2", "-n", "robots", "--duration=1m", check=False)
+    assert "may not specify a duration less than 10 minutes" in short.stderr
+    assert kubectl("--token", "nonsense", "get", "pods", check=False).stderr.strip().endswith("(Unauthorized)")

@@ -10,7 +10,7 @@ import requests
 from kubernetes.client.rest import ApiException
 
 from kube_objects import CDI, KV, SNAP, clone_dv, vm
-from simtools import answers, api_client, sim_api, start_sim, wait_for
+from simtools import answers, api_client, http, sim_api, start_sim, wait_for
 
 SUB = "/apis/subresources.kubevirt.io/v1/namespaces/{ns}/{kind}/{name}/{action}"
 
@@ -24,12 +24,12 @@ def sim(tmp_path_factory):
 
 
 def action(sim, ns, name, what, body=None):
-    return requests.put(sim.url + SUB.format(ns=ns, kind="virtualmachines", name=name, action=what),
+    return http(sim).put(sim.url + SUB.format(ns=ns, kind="virtualmachines", name=name, action=what),
                         json=body or {})
 
 
 def agent(sim, ns, name, call):
-    return requests.get(sim.url + SUB.format(ns=ns, kind="virtualmachineinstances", name=name, action=call))
+    return http(sim).get(sim.url + SUB.format(ns=ns, kind="virtualmachineinstances", name=name, action=call))
 
 
 def get(custom, group, ns, plural, name):
@@ -114,7 +114,7 @@ def test_a_clone_that_cannot_proceed_keeps_its_phase_and_says_why(custom, core, 
     source CloneValidationFailed, both on the conditions with the phase kept; a CSI clone the
     driver cannot make leaves ProvisioningFailed Warnings and no progress."""
     import time
-    requests.post(f"{sim.url}/sim/v1/clones/fail-next", json={"count": 1})
+    http(sim).post(f"{sim.url}/sim/v1/clones/fail-next", json={"count": 1})
     custom.create_namespaced_custom_object(*CDI, ns, "datavolumes", clone_dv("broken"))
     wait_for(lambda: any(e.reason == "ProvisioningFailed" and e.involved_object.name == "broken"
                          for e in core.list_namespaced_event(ns).items), what="the driver's complaint")
@@ -176,7 +176,7 @@ def test_start_stop_answers_like_virt_api(custom, ns, sim):
     assert r.status_code == 409
     assert action(sim, ns, "m", "stop").status_code == 202
     wait_for(lambda: vm_status(custom, ns, "m") == "Stopped", what="stopped again")
-    r = requests.put(sim.url + SUB.format(ns=ns, kind="virtualmachines", name="nope", action="start"), json={})
+    r = http(sim).put(sim.url + SUB.format(ns=ns, kind="virtualmachines", name="nope", action="start"), json={})
     assert r.status_code == 404
 
 
@@ -200,7 +200,7 @@ def test_guest_runs_jupyter_on_its_root_disk_behind_the_service(custom, core, ns
     ep = core.read_namespaced_endpoints("g-notebook", ns)
     vmi = custom.get_namespaced_custom_object(*KV, ns, "virtualmachineinstances", "g")
     assert ep.subsets[0].addresses[0].ip == vmi["status"]["interfaces"][0]["ipAddress"]
-    guests = requests.get(f"{sim.url}/sim/v1/guests").json()["guests"]
+    guests = http(sim).get(f"{sim.url}/sim/v1/guests").json()["guests"]
     pid = next(g["pid"] for g in guests if g["name"] == "g")
     environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
     assert b"GREETING=hello" in environ
@@ -210,15 +210,15 @@ def test_guest_runs_jupyter_on_its_root_disk_behind_the_service(custom, core, ns
     assert info["os"]["prettyName"] == "Ubuntu 24.04.1 LTS"
     fs = agent(sim, ns, "g", "filesystemlist").json()["items"][0]
     assert fs["mountPoint"] == "/" and 0 < fs["usedBytes"] <= fs["totalBytes"] == 60 * 2**30
-    requests.put(f"{sim.url}/sim/v1/vmis/{ns}/g/users", json={"users": [{"userName": "alice", "loginTime": 1.5}]})
+    http(sim).put(f"{sim.url}/sim/v1/vmis/{ns}/g/users", json={"users": [{"userName": "alice", "loginTime": 1.5}]})
     assert agent(sim, ns, "g", "userlist").json()["items"] == [{"userName": "alice", "loginTime": 1.5}]
-    requests.put(f"{sim.url}/sim/v1/vmis/{ns}/g/agent", json={"connected": False})
+    http(sim).put(f"{sim.url}/sim/v1/vmis/{ns}/g/agent", json={"connected": False})
     r = agent(sim, ns, "g", "guestosinfo")
     assert r.status_code == 500 and r.headers["Content-Type"].startswith("text/plain")
     wait_for(lambda: not any(c["type"] == "AgentConnected" for c in
                              custom.get_namespaced_custom_object(*KV, ns, "virtualmachineinstances", "g")
                              ["status"]["conditions"]), what="agent condition dropped")
-    requests.put(f"{sim.url}/sim/v1/vmis/{ns}/g/agent", json={"connected": True})
+    http(sim).put(f"{sim.url}/sim/v1/vmis/{ns}/g/agent", json={"connected": True})
     assert action(sim, ns, "g", "stop").status_code == 202
     wait_for(lambda: get(custom, KV, ns, "virtualmachineinstances", "g") is None, what="stopped")
     assert not answers(url + "/api")
@@ -284,7 +284,7 @@ def test_a_lost_node_keeps_its_vmi_running_until_its_launcher_pod_is_gone(custom
         assert pod.metadata.owner_references[0].uid == vmi["metadata"]["uid"]
         assert pod.metadata.labels["kubevirt.io/created-by"] == vmi["metadata"]["uid"]
 
-        requests.post(f"{sim.url}/sim/v1/nodes/{node}/lose")
+        http(sim).post(f"{sim.url}/sim/v1/nodes/{node}/lose")
         n = core.read_node(node)
         assert next(c for c in n.status.conditions if c.type == "Ready").status == "Unknown"
         assert {(t.key, t.effect) for t in n.spec.taints} >= {("node.kubernetes.io/unreachable", "NoSchedule"),
@@ -299,7 +299,7 @@ def test_a_lost_node_keeps_its_vmi_running_until_its_launcher_pod_is_gone(custom
         ready = [c for c in get(custom, KV, ns, "virtualmachineinstances", "a")["status"]["conditions"]
                  if c["type"] == "Ready"]
         assert ready[0]["status"] == "False"
-        assert any(g["name"] == "a" and g["alive"] for g in requests.get(f"{sim.url}/sim/v1/guests").json()["guests"])
+        assert any(g["name"] == "a" and g["alive"] for g in http(sim).get(f"{sim.url}/sim/v1/guests").json()["guests"])
         # Stopping cannot reach the lost node: the VMI stays, Running, and so does its hold on the disk.
         assert action(sim, ns, "a", "stop").status_code == 202
         wait_for(lambda: (get(custom, KV, ns, "virtualmachineinstances", "a") or {}).get("metadata", {})
@@ -315,7 +315,7 @@ def test_a_lost_node_keeps_its_vmi_running_until_its_launcher_pod_is_gone(custom
         assert pod.metadata.name in events[0].message
         assert vmi_phase(custom, ns, "b") == "Scheduled"
 
-        requests.post(f"{sim.url}/sim/v1/nodes/{node}/fence")
+        http(sim).post(f"{sim.url}/sim/v1/nodes/{node}/fence")
         assert any(t.key == "node.kubernetes.io/out-of-service" and t.effect == "NoExecute"
                    for t in core.read_node(node).spec.taints)
         wait_for(lambda: get(custom, KV, ns, "virtualmachineinstances", "a") is None, what="fenced VMI gone")
@@ -323,8 +323,8 @@ def test_a_lost_node_keeps_its_vmi_running_until_its_launcher_pod_is_gone(custom
                    for e in core.list_namespaced_event(ns).items)
         wait_for(lambda: vmi_phase(custom, ns, "b") == "Running", what="b takes the disk")
         assert custom.get_namespaced_custom_object(*KV, ns, "virtualmachineinstances", "b")["status"]["nodeName"] != node
-        assert requests.get(f"{sim.url}/sim/v1/violations").json()["violations"] == []
-        requests.post(f"{sim.url}/sim/v1/nodes/{node}/recover")
+        assert http(sim).get(f"{sim.url}/sim/v1/violations").json()["violations"] == []
+        http(sim).post(f"{sim.url}/sim/v1/nodes/{node}/recover")
         n = core.read_node(node)
         assert next(c for c in n.status.conditions if c.type == "Ready").status == "True"
         assert not [t for t in n.spec.taints or [] if t.key.startswith("node.kubernetes.io/")]
@@ -349,15 +349,15 @@ def test_a_node_back_after_eviction_finishes_its_terminating_pods(custom, core, 
         custom.patch_namespaced_custom_object(*KV, ns, "virtualmachines", "c", {"spec": {"runStrategy": "Manual"}})
         node = custom.get_namespaced_custom_object(*KV, ns, "virtualmachineinstances", "c")["status"]["nodeName"]
         pod = core.list_namespaced_pod(ns, label_selector="kubevirt.io=virt-launcher").items[0].metadata.name
-        requests.post(f"{sim.url}/sim/v1/nodes/{node}/lose")
+        http(sim).post(f"{sim.url}/sim/v1/nodes/{node}/lose")
         wait_for(lambda: core.read_namespaced_pod(pod, ns).metadata.deletion_timestamp, what="pod Terminating")
-        requests.post(f"{sim.url}/sim/v1/nodes/{node}/recover")
+        http(sim).post(f"{sim.url}/sim/v1/nodes/{node}/recover")
         wait_for(lambda: not core.list_namespaced_pod(ns).items, what="the kubelet finished the pod")
         wait_for(lambda: vmi_phase(custom, ns, "c") == "Failed", what="VMI failed")
         assert not any(g["name"] == "c" and g["alive"]
-                       for g in requests.get(f"{sim.url}/sim/v1/guests").json()["guests"])
+                       for g in http(sim).get(f"{sim.url}/sim/v1/guests").json()["guests"])
     finally:
-        requests.post(f"{sim.url}/sim/v1/nodes/{node}/recover")
+        http(sim).post(f"{sim.url}/sim/v1/nodes/{node}/recover")
         sim_api(sim, "PUT", "/timing", saved)
     action(sim, ns, "c", "stop")
 
@@ -373,7 +373,7 @@ def test_a_deleted_launcher_pod_fails_its_vmi(custom, core, sim):
     pod = core.list_namespaced_pod(ns, label_selector="kubevirt.io=virt-launcher").items[0]
     core.delete_namespaced_pod(pod.metadata.name, ns, grace_period_seconds=0)
     wait_for(lambda: vmi_phase(custom, ns, "p") == "Failed", what="VMI failed")
-    assert not any(g["name"] == "p" and g["alive"] for g in requests.get(f"{sim.url}/sim/v1/guests").json()["guests"])
+    assert not any(g["name"] == "p" and g["alive"] for g in http(sim).get(f"{sim.url}/sim/v1/guests").json()["guests"])
     action(sim, ns, "p", "stop")
 
 
@@ -388,7 +388,7 @@ def test_double_attach_on_one_node_is_recorded(custom, core, sim):
         custom.create_namespaced_custom_object(*KV, ns, "virtualmachines", body)
         action(sim, ns, name, "start")
         wait_for(lambda n=name: vm_status(custom, ns, n) == "Running", what=f"{name} running")
-    violations = requests.get(f"{sim.url}/sim/v1/violations").json()["violations"]
+    violations = http(sim).get(f"{sim.url}/sim/v1/violations").json()["violations"]
     assert violations and violations[-1]["claim"] == "shared" and violations[-1]["vmis"] == ["x", "y"]
     sim.call(lambda: sim.cluster.compute.violations.clear())
     for name in ("x", "y"):
@@ -418,7 +418,7 @@ def test_snapshot_indications_and_restores(custom, core, sim):
     content = custom.get_namespaced_custom_object(*SNAP, ns, "virtualmachinesnapshotcontents",
                                                   online["status"]["virtualMachineSnapshotContentName"])
     assert content["status"]["readyToUse"] and content["spec"]["volumeBackups"][0]["volumeName"] == "rootdisk"
-    requests.put(f"{sim.url}/sim/v1/vmis/{ns}/w/agent", json={"connected": False})
+    http(sim).put(f"{sim.url}/sim/v1/vmis/{ns}/w/agent", json={"connected": False})
     assert snapshot("noagent")["status"]["indications"] == ["Online", "NoGuestAgent"]
     action(sim, ns, "w", "stop")
     wait_for(lambda: vm_status(custom, ns, "w") == "Stopped", what="stopped")
@@ -562,7 +562,7 @@ def test_a_graceful_stop_takes_the_guests_time_and_virt_api_answers_calls_meanwh
     body["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 600
     custom.create_namespaced_custom_object(*KV, ns, "virtualmachines", body)
     guest = f"{sim.url}/sim/v1/vmis/{ns}/st/guest"
-    assert requests.put(guest, json={"shutdownSeconds": 80}).status_code == 200  # 2 s at the tests' speed
+    assert http(sim).put(guest, json={"shutdownSeconds": 80}).status_code == 200  # 2 s at the tests' speed
     assert action(sim, ns, "st", "start").status_code == 202
     wait_for(lambda: vm_status(custom, ns, "st") == "Running", what="running")
     t0 = time.monotonic()
@@ -582,7 +582,7 @@ def test_a_graceful_stop_takes_the_guests_time_and_virt_api_answers_calls_meanwh
     assert 1.5 <= time.monotonic() - t0 < 15
 
     # A guest that would take minutes: gracePeriod 0 during its shutdown powers it off now.
-    assert requests.put(guest, json={"shutdownSeconds": 4000}).status_code == 200
+    assert http(sim).put(guest, json={"shutdownSeconds": 4000}).status_code == 200
     assert action(sim, ns, "st", "start").status_code == 202
     wait_for(lambda: vm_status(custom, ns, "st") == "Running", what="running again")
     assert action(sim, ns, "st", "stop").status_code == 202
@@ -592,7 +592,7 @@ def test_a_graceful_stop_takes_the_guests_time_and_virt_api_answers_calls_meanwh
     assert action(sim, ns, "st", "stop", {"gracePeriod": 0}).status_code == 202
     wait_for(lambda: get(custom, KV, ns, "virtualmachineinstances", "st") is None, timeout=30, what="forced off")
     assert time.monotonic() - t0 < 10
-    requests.delete(guest)
+    http(sim).delete(guest)
 
 
 def test_the_guest_agent_connects_when_the_guest_starts_it_or_never(custom, core, sim):
@@ -604,8 +604,8 @@ def test_the_guest_agent_connects_when_the_guest_starts_it_or_never(custom, core
     make_disk(custom, ns, "ag-disk")
     custom.create_namespaced_custom_object(*KV, ns, "virtualmachines", vm("ag", "ag-disk"))
     guest = f"{sim.url}/sim/v1/vmis/{ns}/ag/guest"
-    assert requests.put(guest, json={"agentSeconds": None}).status_code == 200
-    assert requests.put(guest, json={"agentSeconds": "soon"}).status_code == 400
+    assert http(sim).put(guest, json={"agentSeconds": None}).status_code == 200
+    assert http(sim).put(guest, json={"agentSeconds": "soon"}).status_code == 400
 
     def agent_connected():
         vmi = get(custom, KV, ns, "virtualmachineinstances", "ag") or {}
@@ -616,7 +616,7 @@ def test_the_guest_agent_connects_when_the_guest_starts_it_or_never(custom, core
     wait_for(lambda: vm_status(custom, ns, "ag") == "Running", what="running")
     with pytest.raises(AssertionError):
         wait_for(agent_connected, timeout=2, what="an agent that never starts")
-    assert requests.put(guest, json={"agentSeconds": 0}).status_code == 200
+    assert http(sim).put(guest, json={"agentSeconds": 0}).status_code == 200
     wait_for(agent_connected, timeout=10, what="the agent, once the guest starts it")
     action(sim, ns, "ag", "stop", {"gracePeriod": 0})
-    requests.delete(guest)
+    http(sim).delete(guest)

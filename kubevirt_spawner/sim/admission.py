@@ -2,23 +2,27 @@
 
 from __future__ import annotations
 
+import secrets
+
 from ..objects import field_value
 from ..quantity import format_bytes, parse_quantity
-from . import errors
+from . import errors, rbac
+from .auth import User
 from .resources import BY_KIND, ResourceType
 
 RUN_STRATEGIES = ("Always", "Halted", "Manual", "RerunOnFailure", "Once", "WaitAsReceiver")
 SNAPSHOT_KINDS = ("VirtualMachineSnapshot", "VirtualMachineSnapshotContent", "VirtualMachineRestore")
 
 
-def admit(store, rt: ResourceType, obj: dict, old: dict | None):
-    """Raise the upstream error for an object the real cluster would refuse."""
+def admit(store, rt: ResourceType, obj: dict, old: dict | None, user: User | None = None):
+    """Raise the upstream error for an object the real cluster would refuse. `user` sent the
+    request; None is one of the cluster's own controllers (which hold what they need)."""
     check = _CHECKS.get(rt.kind)
     if check:
-        check(store, rt, obj, old)
+        check(store, rt, obj, old, user)
 
 
-def _vm(store, rt, obj, old):
+def _vm(store, rt, obj, old, user):
     spec = obj.get("spec") or {}
     name = obj["metadata"]["name"]
     has_running = spec.get("running") is not None
@@ -42,9 +46,39 @@ def _vm(store, rt, obj, old):
                 "message": f"spec.template.spec.domain.devices.disks[{i}].name '{disk.get('name')}' not found."}])
 
 
-def _dv(store, rt, obj, old):
+CDI_MUTATING_WEBHOOK = "datavolume-mutate.cdi.kubevirt.io"
+CLONE_TOKEN = "cdi.kubevirt.io/storage.clone.token"
+
+
+def _authorize_clone(store, obj: dict, user: User | None, creating: bool):
+    """CDI's DataVolume mutating webhook (pkg/apiserver/webhooks/datavolume-mutate.go, with the
+    checks of core/v1beta1/authorize.go), on create and on every update: whoever clones a PVC from
+    another namespace must be allowed to create `datavolumes/source` there, or else pods. On a
+    create it signs the clone with a token annotation, which the clone controller requires."""
+    source = field_value(obj, "spec.source.pvc") or {}
+    target_ns = obj["metadata"].get("namespace", "")
+    source_ns = source.get("namespace") or target_ns
+    if not source.get("name") or source_ns == target_ns:
+        return
+    if store.get(BY_KIND["Namespace"], "", source_ns) is None:
+        raise errors.ApiError(400, "", f'admission webhook "{CDI_MUTATING_WEBHOOK}" denied the request: '
+                              f'namespaces "{source_ns}" not found')
+    if user is not None:
+        asks = (rbac.Request("create", "cdi.kubevirt.io", "datavolumes", "source", source_ns, source["name"]),
+                rbac.Request("create", "", "pods", "", source_ns, source["name"]))
+        if not any(rbac.allowed(store, user, ask) for ask in asks):
+            why = f"User {user.name} has insufficient permissions in clone source namespace {source_ns}"
+            raise errors.ApiError(422, "", f'admission webhook "{CDI_MUTATING_WEBHOOK}" denied the request:  {why}',
+                                  {"causes": [{"reason": "FieldValueInvalid", "message": why,
+                                               "field": "spec.source.PVC.namespace"}]})
+    if creating:
+        obj["metadata"].setdefault("annotations", {})[CLONE_TOKEN] = secrets.token_urlsafe(48)
+
+
+def _dv(store, rt, obj, old, user):
     name = obj["metadata"]["name"]
     ns = obj["metadata"].get("namespace", "")
+    _authorize_clone(store, obj, user, creating=old is None)
     if old is not None:
         if obj.get("spec") != old.get("spec"):
             raise errors.invalid(rt, name, [{"field": "spec", "message": "Cannot update DataVolume Spec"}])
@@ -67,7 +101,7 @@ def _dv(store, rt, obj, old):
                                          "message": "Source PVC name is required"}])
 
 
-def _snapshot_like(store, rt, obj, old):
+def _snapshot_like(store, rt, obj, old, user):
     name = obj["metadata"]["name"]
     ns = obj["metadata"].get("namespace", "")
     if old is not None and obj.get("spec") != old.get("spec"):
@@ -99,7 +133,7 @@ def _snapshot_like(store, rt, obj, old):
                                                             "in progress"}])
 
 
-def _pvc(store, rt, obj, old):
+def _pvc(store, rt, obj, old, user):
     if old is not None:
         ospec, nspec = old.get("spec") or {}, obj.get("spec") or {}
         before = parse_quantity(field_value(ospec, "resources.requests.storage") or 0)
@@ -166,7 +200,29 @@ def namespace_usage(store, namespace: str) -> dict:
     return used
 
 
+def _binding(store, rt, obj, old, user):
+    """pkg/apis/rbac/validation/validation.go: a binding's roleRef names a role of an allowed kind
+    and never changes."""
+    name = obj["metadata"]["name"]
+    ref = obj.get("roleRef") or {}
+    kinds = ("Role", "ClusterRole") if rt.kind == "RoleBinding" else ("ClusterRole",)
+    if ref.get("kind") not in kinds:
+        supported = ", ".join(f'"{k}"' for k in kinds)
+        raise errors.invalid(rt, name, [{"field": "roleRef.kind", "reason": "FieldValueNotSupported",
+                                         "message": f'Unsupported value: "{ref.get("kind", "")}": supported values: '
+                                                    f"{supported}"}])
+    if not ref.get("name"):
+        raise errors.invalid(rt, name, [{"field": "roleRef.name", "reason": "FieldValueRequired",
+                                         "message": "Required value"}])
+    if old is not None and (old.get("roleRef") or {}) != ref:
+        raise errors.invalid(rt, name, [{"field": "roleRef", "message": "Invalid value: "
+                                         f'rbac.RoleRef{{APIGroup:"{ref.get("apiGroup", "")}", Kind:"{ref["kind"]}", '
+                                         f'Name:"{ref["name"]}"}}: cannot change roleRef'}])
+
+
 _CHECKS = {
+    "RoleBinding": _binding,
+    "ClusterRoleBinding": _binding,
     "VirtualMachine": _vm,
     "DataVolume": _dv,
     "VirtualMachineSnapshot": _snapshot_like,

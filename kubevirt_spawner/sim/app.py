@@ -3,28 +3,36 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import os
 import socket
+import ssl
 import threading
 
 import tornado.httpserver
 import yaml
 
+from .auth import ADMIN_TOKEN
 from .cluster import Cluster
 from .server import make_app
+from .tls import ensure_serving_certificate
 
 log = logging.getLogger(__name__)
 
 
-def write_kubeconfig(state_dir: str, port: int) -> str:
-    path = os.path.join(state_dir, "kubeconfig")
+def write_kubeconfig(path: str, server: str, ca_file: str, user: str, token: str, namespace: str = "default") -> str:
+    """A kubeconfig for the simulated cluster that authenticates with `token` (the admin's, or a
+    ServiceAccount's from the TokenRequest API) and trusts the cluster's CA."""
+    with open(ca_file, "rb") as f:
+        ca_data = base64.b64encode(f.read()).decode()
     config = {"apiVersion": "v1", "kind": "Config", "current-context": "kubevirt-sim",
-              "clusters": [{"name": "kubevirt-sim", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
-              "users": [{"name": "sim-admin", "user": {"token": "kubevirt-sim-admin"}}],
-              "contexts": [{"name": "kubevirt-sim", "context": {"cluster": "kubevirt-sim", "user": "sim-admin",
-                                                                "namespace": "default"}}]}
+              "clusters": [{"name": "kubevirt-sim", "cluster": {"server": server,
+                                                                 "certificate-authority-data": ca_data}}],
+              "users": [{"name": user, "user": {"token": token}}],
+              "contexts": [{"name": "kubevirt-sim", "context": {"cluster": "kubevirt-sim", "user": user,
+                                                                "namespace": namespace}}]}
     with open(path + ".tmp", "w") as f:
         yaml.safe_dump(config, f)
     os.replace(path + ".tmp", path)
@@ -40,6 +48,7 @@ class Simulator:
         self.requested_port = port
         self.port: int | None = None
         self._server: tornado.httpserver.HTTPServer | None = None
+        self.certificate = ensure_serving_certificate(self.state_dir)
 
     async def start(self):
         await self.cluster.start()
@@ -49,15 +58,24 @@ class Simulator:
         sock.listen(1024)
         sock.setblocking(False)
         self.port = sock.getsockname()[1]
-        self._server = tornado.httpserver.HTTPServer(make_app(self.cluster), idle_connection_timeout=3600)
+        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        tls.load_cert_chain(self.certificate.cert, self.certificate.key)
+        self._server = tornado.httpserver.HTTPServer(make_app(self.cluster), idle_connection_timeout=3600,
+                                                     ssl_options=tls)
         self._server.add_sockets([sock])
-        self.kubeconfig = write_kubeconfig(self.state_dir, self.port)
+        self.kubeconfig = write_kubeconfig(os.path.join(self.state_dir, "kubeconfig"), self.url, self.ca_file,
+                                           "kubernetes-admin", ADMIN_TOKEN)
         with open(os.path.join(self.state_dir, "sim.json"), "w") as f:
             json.dump({"url": self.url, "kubeconfig": self.kubeconfig, "pid": os.getpid()}, f)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"https://127.0.0.1:{self.port}"
+
+    @property
+    def ca_file(self) -> str:
+        """The cluster CA's certificate (PEM): what clients verify the simulator's HTTPS with."""
+        return self.certificate.ca
 
     async def stop(self):
         if self._server is not None:
@@ -122,6 +140,10 @@ class SimulatorThread:
     @property
     def kubeconfig(self) -> str:
         return self.sim.kubeconfig
+
+    @property
+    def ca_file(self) -> str:
+        return self.sim.ca_file
 
     @property
     def cluster(self) -> Cluster:

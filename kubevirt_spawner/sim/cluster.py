@@ -14,10 +14,12 @@ import socket
 import time
 
 from ..objects import field_value
+from .auth import Authenticator
 from .compute import NODE, VM, VMI, Compute
 from .faults import Faults
 from .launcher import POD
 from .network import SERVICE, Network
+from .rbac import ensure_bootstrap_policy
 from .resources import BY_KIND
 from .runtime import EventRecorder, WorkQueue
 from .schema import SchemaRegistry, schema_not_found_message
@@ -94,6 +96,7 @@ class Cluster:
         self.requests = RequestCounter()
         self.events = EventRecorder(self.store)
         self.faults = Faults(self)
+        self.auth = Authenticator(self.store, self.state_dir)
         self.compute = Compute(self)
         self.storage = Storage(self)
         self.snapshots = Snapshots(self)
@@ -144,6 +147,7 @@ class Cluster:
         if self.fresh:
             seed_cluster(self)
         label_virt_handler_nodes(self.store)
+        ensure_bootstrap_policy(self.store)
         for sc in self.store.list(BY_KIND["StorageClass"]):
             self.storage.storage_profile(sc["metadata"]["name"])
         for vmi in self.store.list(VMI):

@@ -59,6 +59,11 @@ def resource_list(group: str, version: str) -> dict | None:
             entry["categories"] = list(rt.categories)
         resources.append(entry)
         for sub in rt.subresources:
+            if sub == "token":  # the TokenRequest API (kubectl create token)
+                resources.append({"name": f"{rt.plural}/token", "singularName": "", "namespaced": True,
+                                  "group": "authentication.k8s.io", "version": "v1", "kind": "TokenRequest",
+                                  "verbs": ["create"]})
+                continue
             resources.append({"name": f"{rt.plural}/{sub}", "singularName": "", "namespaced": rt.namespaced,
                               "kind": rt.kind, "verbs": ["get", "patch", "update"]})
     if not found:

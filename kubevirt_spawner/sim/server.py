@@ -15,8 +15,9 @@ import tornado.iostream
 import tornado.web
 import yaml
 
-from . import discovery, errors, tables
+from . import discovery, errors, protobuf, rbac, tables
 from .admission import admit
+from .auth import ANONYMOUS
 from .errors import ApiError
 from .patch import apply_patch
 from .resources import BY_KIND, SUBRESOURCES_GROUP, VM_ACTIONS, VMI_AGENT_CALLS, lookup
@@ -53,6 +54,7 @@ class ApiHandler(tornado.web.RequestHandler):
         self.cluster = cluster
         self.store = cluster.store
         self._watcher: Watcher | None = None
+        self.user = ANONYMOUS
 
     def check_xsrf_cookie(self):
         """The Kubernetes API has no cookies, so there is nothing to check."""
@@ -82,8 +84,7 @@ class ApiHandler(tornado.web.RequestHandler):
         if not raw:
             return None
         if "protobuf" in self.request.headers.get("Content-Type", ""):
-            raise ApiError(415, "UnsupportedMediaType", "the simulator accepts JSON and YAML bodies only, "
-                           "not application/vnd.kubernetes.protobuf")
+            return protobuf.decode(raw)
         try:
             if raw.lstrip()[:1] in (b"{", b"["):
                 return json.loads(raw)
@@ -116,9 +117,11 @@ class ApiHandler(tornado.web.RequestHandler):
             if path.startswith("/sim/v1"):
                 result = await self.cluster.faults.handle(method, path[len("/sim/v1"):], self._body())
                 return self._send(result)
+            self.user = self.cluster.auth.authenticate(self.request.headers.get("Authorization"))
             if method == "GET":
                 doc = self._discovery(path)
                 if doc is not None:
+                    self._authorize(rbac.Request("get", path=path))
                     return self._send(doc)
             m = _RESOURCE_PATH.match(path)
             if not m:
@@ -181,7 +184,10 @@ class ApiHandler(tornado.web.RequestHandler):
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         if sub and sub not in rt.subresources:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        if rt.kind == "ServiceAccount" and sub == "token" and name and method == "POST":
+            return self._token_request(rt, namespace, name)
         verb = self._verb(method, name)
+        self._authorize(rbac.Request(verb, group, rt.plural, sub or "", namespace, name or ""))
         self.cluster.requests.add(verb, rt.plural + (f"/{sub}" if sub else ""))
         self.cluster.faults.maybe_fail(verb, rt.plural)
         self.cluster.faults.maybe_fail(verb, rt.plural + (f"/{sub}" if sub else ""))
@@ -203,6 +209,19 @@ class ApiHandler(tornado.web.RequestHandler):
         if verb == "deletecollection":
             return self._delete_collection(rt, namespace, version)
         raise errors.method_not_allowed()
+
+    def _authorize(self, req: rbac.Request):
+        rbac.check(self.store, self.user, req)
+
+    def _token_request(self, rt, namespace: str, name: str):
+        """The TokenRequest API: a token for the ServiceAccount, as `kubectl create token` asks."""
+        self._authorize(rbac.Request("create", "", rt.plural, "token", namespace, name))
+        self.cluster.requests.add("create", "serviceaccounts/token")
+        body = self._body()
+        if body is not None and not isinstance(body, dict):
+            raise errors.bad_request("the request body must be an object")
+        account = self.store.must_get(rt, namespace, name)
+        self._send(self.cluster.auth.issue(account, body), 201)
 
     def _verb(self, method: str, name: str | None) -> str:
         if method == "GET":
@@ -374,7 +393,7 @@ class ApiHandler(tornado.web.RequestHandler):
             causes = schema.errors(obj)
             if causes:
                 raise errors.invalid(rt, name, causes)
-        admit(self.store, rt, obj, old)
+        admit(self.store, rt, obj, old, self.user)
         return obj
 
     def _dry_run(self) -> bool:
@@ -484,6 +503,7 @@ class ApiHandler(tornado.web.RequestHandler):
         if plural == "virtualmachines" and sub in VM_ACTIONS:
             if method != "PUT":
                 raise errors.method_not_allowed()
+            self._authorize(rbac.Request("update", SUBRESOURCES_GROUP, plural, sub, ns, name))
             self.cluster.requests.add("update", f"virtualmachines/{sub}")
             self.cluster.faults.maybe_fail("update", f"virtualmachines/{sub}")
             self.cluster.vm_action(ns, name, sub, self._body() or {})
@@ -492,6 +512,7 @@ class ApiHandler(tornado.web.RequestHandler):
         if plural == "virtualmachineinstances" and sub in VMI_AGENT_CALLS:
             if method != "GET":
                 raise errors.method_not_allowed()
+            self._authorize(rbac.Request("get", SUBRESOURCES_GROUP, plural, sub, ns, name))
             self.cluster.requests.add("get", f"virtualmachineinstances/{sub}")
             self.cluster.faults.maybe_fail("get", f"virtualmachineinstances/{sub}")
             return self._send(self.cluster.agent_call(ns, name, sub))

@@ -13,3 +13,7 @@ def parse_iso(text: str) -> datetime:
 
 def seconds_since(timestamp: str) -> float:
     return (datetime.now(timezone.utc) - parse_iso(timestamp)).total_seconds()
+
+
+def iso(epoch_seconds: float) -> str:
+    return datetime.fromtimestamp(epoch_seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
