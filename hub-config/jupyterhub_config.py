@@ -7,8 +7,8 @@ and gives every user a KubeVirt workstation. Environment it reads:
   GOLDEN_IMAGE        golden image PVC as namespace/name (default vm-images/ubuntu-24-04-cuda-golden)
   STORAGE_CLASS       RBD StorageClass (default ceph-rbd)
 
-The hub's ServiceAccount needs the RBAC in deploy/ (VMs, VMIs, DataVolumes, PVCs, Services, Nodes (read),
-Secrets, Namespaces, Events, and the KubeVirt start/stop/restart subresources).
+The hub's ServiceAccount needs the RBAC in deploy/rbac/ (exactly the calls the spawner makes, and
+clone permission in the golden image's namespace).
 Authentication is site-specific: set c.JupyterHub.authenticator_class below.
 """
 

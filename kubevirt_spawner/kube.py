@@ -69,6 +69,7 @@ class KubeError(Exception):
     `jupyterhub_message`, when set, is what JupyterHub shows a user whose start it ended."""
 
     jupyterhub_message: str | None = None
+    logged = False  # the admin has been told already (a cache that may not be read says so once)
 
     def __init__(self, status: int, reason: str, message: str, body: dict | None = None, request: str = ""):
         super().__init__(status, reason, message)
@@ -90,6 +91,12 @@ class KubeError(Exception):
     def conflict(self) -> bool:
         return self.status == 409
 
+    @property
+    def permission_denied(self) -> bool:
+        """RBAC's 403, or CDI's webhook refusing a clone from a namespace the hub may not clone from
+        (a 422: pkg/apiserver/webhooks/datavolume-mutate.go)."""
+        return self.status == 403 or (self.status == 422 and "insufficient permissions" in self.message)
+
 
 def _seconds(header: str | None) -> float:
     """A Retry-After header in seconds (the API server sends whole seconds); 0 when absent."""
@@ -99,20 +106,20 @@ def _seconds(header: str | None) -> float:
         return 0.0
 
 
-def _error_from(status: int, data: bytes, fallback: str = "") -> KubeError:
+def _error_from(status: int, data: bytes, fallback: str = "", request: str = "") -> KubeError:
     text = (data or b"").decode("utf-8", "replace")
     try:
         body = json.loads(text)
     except ValueError:
         body = None
     if isinstance(body, dict) and body.get("kind") == "Status":
-        return KubeError(status, body.get("reason", ""), body.get("message", text), body)
-    return KubeError(status, fallback, text.strip() or fallback)
+        return KubeError(status, body.get("reason", ""), body.get("message", text), body, request)
+    return KubeError(status, fallback, text.strip() or fallback, request=request)
 
 
-def _error_from_exception(exc: ApiException) -> KubeError:
+def _error_from_exception(exc: ApiException, request: str = "") -> KubeError:
     body = exc.body.encode() if isinstance(exc.body, str) else exc.body or b""
-    return _error_from(exc.status or 0, body, exc.reason or "")
+    return _error_from(exc.status or 0, body, exc.reason or "", request)
 
 
 def load_api_client(kubeconfig: str | None = None, context: str | None = None) -> client.ApiClient:
@@ -194,17 +201,18 @@ class Kube:
     def stream_lines(self, path: str, query: dict, timeout, on_open=None) -> Iterator[dict]:
         """A watch: one decoded event per line. Errors surface as KubeError. `on_open` gets the
         open response, so another thread can close it to end the watch."""
+        request = f"WATCH {path}"
         try:
             raw = self._send("GET", path, query, None, None, timeout, stream=True)
         except ApiException as exc:
-            raise _error_from_exception(exc) from None
+            raise _error_from_exception(exc, request) from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise KubeError(0, "ConnectionError", f"cannot reach the API server: {exc}") from None
+            raise KubeError(0, "ConnectionError", f"cannot reach the API server: {exc}", request=request) from None
         if on_open is not None:
             on_open(raw)
         try:
             if raw.status >= 400:
-                raise _error_from(raw.status, raw.read(), raw.reason or "")
+                raise _error_from(raw.status, raw.read(), raw.reason or "", request)
             buffer = b""
             for chunk in raw.stream(amt=None, decode_content=False):
                 buffer += chunk
@@ -246,19 +254,6 @@ class Kube:
 
     async def create(self, kind: Kind, obj: dict) -> dict:
         return await self.call("POST", kind.path(obj["metadata"].get("namespace")), None, obj)
-
-    async def create_or_get(self, kind: Kind, obj: dict) -> tuple[dict, bool]:
-        """Create the object; when it exists already, return the existing one. (object, created)"""
-        try:
-            return await self.create(kind, obj), True
-        except KubeError as err:
-            if err.status != 409 or err.reason != "AlreadyExists":
-                raise
-        meta = obj["metadata"]
-        existing = await self.get(kind, meta.get("namespace"), meta["name"])
-        if existing is None:  # deleted in between: try once more
-            return await self.create(kind, obj), True
-        return existing, False
 
     async def replace(self, kind: Kind, obj: dict) -> dict:
         meta = obj["metadata"]

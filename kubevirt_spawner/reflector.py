@@ -48,10 +48,13 @@ class Reflector:
         self.keep = keep or (lambda obj: True)
         self.objects: dict[tuple[str, str], dict] = {}
         self.synced = False
-        # An optional cache the hub may not read (403) counts as synced and empty, so that nothing
-        # waits for it forever; it is tried again now and then.
+        # A cache the hub may not read (403) is tried again now and then. An optional one counts as
+        # synced and empty meanwhile; a required one makes every wait on the caches fail at once
+        # with `refusal`, rather than wait for a permission that nobody is granting.
         self.optional = optional
         self.forbidden = False
+        self.refusal: k.KubeError | None = None
+        self.last_error: k.KubeError | None = None  # why the cache is not synced, when it is not
         self._on_change = on_change
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = threading.Event()
@@ -82,13 +85,21 @@ class Reflector:
     # ------------------------------------------------ on the event loop
     def _replace_all(self, items: list[dict]):
         self.forbidden = False
+        self.refusal = None
+        self.last_error = None
         self.objects = {_key(o): o for o in items if self.keep(o)}
         self.synced = True
         self._on_change()
 
-    def _forbid(self):
-        self._replace_all([])
+    def _forbid(self, err: k.KubeError):
+        if self.optional:
+            self._replace_all([])
         self.forbidden = True
+        self.refusal = err
+        self._on_change()
+
+    def _failed(self, err: k.KubeError):
+        self.last_error = err
 
     def _apply(self, event_type: str, obj: dict):
         key = _key(obj)
@@ -126,12 +137,14 @@ class Reflector:
             except k.KubeError as err:
                 if self._stopping.is_set():
                     return
-                if self.optional and err.status == 403:
-                    if not self.forbidden:
-                        self.kube.log.warning("cannot watch %s (%s): going on without them", self.kind.plural, err)
-                    self._post(self._forbid)
-                    self._stopping.wait(300)
+                if err.status == 403:
+                    if not self.forbidden:  # once, not at every retry
+                        self._log_refusal(err)
+                    err.logged = True
+                    self._post(self._forbid, err)
+                    self._stopping.wait(300 if self.optional else 60)
                     continue
+                self._post(self._failed, err)
                 failures += 1
                 delay = min(0.5 * 2 ** min(failures, 6), 30.0) * (0.5 + random.random() / 2)
                 level = logging.DEBUG if err.status == 410 else logging.WARNING
@@ -144,6 +157,15 @@ class Reflector:
                     return
                 self.kube.log.exception("watch of %s failed", self.kind.plural)
                 self._stopping.wait(5)
+
+    def _log_refusal(self, err: k.KubeError):
+        need = f"list and watch {self.kind.plural}" + (f" ({self.kind.group})" if self.kind.group else "")
+        if self.optional:
+            self.kube.log.warning("cannot read %s: %s. Going on without them; the hub's ServiceAccount needs %s "
+                                  "(see deploy/rbac/)", self.kind.plural, err, need)
+        else:
+            self.kube.log.error("cannot read %s: %s. No workstation can start or stop until the hub's "
+                                "ServiceAccount may %s (see deploy/rbac/)", self.kind.plural, err, need)
 
     def _follow(self, version: str):
         """Follow the watch until the server ends it; raise KubeError when it must restart."""
@@ -191,8 +213,9 @@ class Caches:
         if events:
             # Warnings only: they say why a start waits or fails, and they are a small share of a
             # busy cluster's Events (which carry no labels to select ours by).
+            # Optional: without them a start only says less about why it waits.
             self.events = Reflector(kube, k.EVENT, self._notify, namespace, None, keep=watched_event,
-                                    field_selector="type=Warning")
+                                    field_selector="type=Warning", optional=True)
             self.reflectors.append(self.events)
         self.started = False
 
@@ -213,6 +236,16 @@ class Caches:
     def synced(self) -> bool:
         return all(r.synced for r in self.reflectors)
 
+    @property
+    def refusal(self) -> k.KubeError | None:
+        """The 403 of a cache the hub needs and may not read, or None."""
+        return next((r.refusal for r in self.reflectors if r.refusal is not None and not r.optional), None)
+
+    def unsynced(self) -> str:
+        """Which caches are not synced and why, for a log line."""
+        return ", ".join(f"{r.kind.plural} ({r.last_error or 'no answer yet'})" for r in self.reflectors
+                         if not r.synced) or "none"
+
     def notify(self):
         """Wake every waiter to re-check (for changes that are not in the cluster)."""
         self._notify()
@@ -229,13 +262,19 @@ class Caches:
         return self._changed
 
     async def wait_for(self, predicate: Callable[[], T | None], timeout: float | None = None) -> T:
-        """Wait until `predicate()` returns something truthy, re-checking on every cache change."""
+        """Wait until `predicate()` returns something truthy, re-checking on every cache change.
+        Raises the KubeError of a needed cache the hub may not read: nothing would ever change."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             changed = self._change_event()
             result = predicate()
             if result:
                 return result
+            refusal = self.refusal
+            if refusal is not None:
+                err = k.KubeError(refusal.status, refusal.reason, refusal.message, refusal.body, refusal.request)
+                err.logged = True  # the cache's own line told the admin
+                raise err
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 raise asyncio.TimeoutError()

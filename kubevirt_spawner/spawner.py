@@ -20,7 +20,7 @@ from . import profiles as prof
 from .objects import field_value
 from .quantity import format_bytes, parse_quantity
 from .reflector import Caches
-from .workstation import CloneGate, Settings, Workstation, WorkstationError
+from .workstation import CloneGate, Settings, Workstation, WorkstationError, refusals_explained, wait_synced
 
 TEMPLATE_SETTINGS = {key: f"KubeVirtSpawner.{key}_name_template" for key in names.DEFAULT_TEMPLATES}
 TEMPLATE_SETTINGS["namespace"] = "KubeVirtSpawner.namespace_template"
@@ -42,7 +42,8 @@ class KubeVirtSpawner(Spawner):
     kube_context = Unicode(None, allow_none=True, config=True, help="kubeconfig context to use (default: current).")
     k8s_api_request_timeout = Float(30.0, config=True, help="Seconds one Kubernetes API request may take.")
     k8s_api_retry_timeout = Float(60.0, config=True, help="""
-        Seconds a request is retried (with backoff) on 429, 5xx and connection errors before it fails.""")
+        Seconds a request is retried (with backoff) on 429, 5xx and connection errors before it fails;
+        also how long poll() and a first lookup wait for the watch caches to fill.""")
     events_enabled = Bool(True, config=True, help="""
         Show the cluster's Events about the workstation (FailedScheduling and the like) in the progress
         stream. Needs permission to watch Events.""")
@@ -238,7 +239,8 @@ class KubeVirtSpawner(Spawner):
         shared = self._shared()
         caches = shared["caches"]
         if self._ident is None:
-            await caches.wait_synced()
+            with refusals_explained(self.log, "be found"):
+                await wait_synced(caches, self.log, self.k8s_api_retry_timeout)
             self._ident = self._found_identity(caches) or self._template_identity()
         settings = Settings(url_mode=self.url_mode, cluster_domain=self.cluster_domain,
                             gpu_unavailable=self.gpu_unavailable,
@@ -372,8 +374,15 @@ class KubeVirtSpawner(Spawner):
     async def poll(self):
         if self._starting:
             return None
-        ws = await self._workstation()
-        await ws.caches.wait_synced()  # never report a running machine as stopped before the caches know
+        try:
+            ws = await self._workstation()
+            # Never report a running machine as stopped before the caches know.
+            with refusals_explained(self.log, "be checked"):
+                await wait_synced(ws.caches, ws.log, self.k8s_api_retry_timeout)
+        except WorkstationError as err:
+            self.log.warning("cannot tell whether the workstation of %s runs (%s): reporting it as running",
+                             self._log_name, err.reason)
+            return None
         status = ws.status()
         if status in ("running", "starting"):
             return None

@@ -10,6 +10,7 @@ workstation.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import json
@@ -25,12 +26,15 @@ from . import kube as k
 from . import manifests as m
 from .objects import condition, field_value
 from .quantity import parse_quantity
-from .reflector import Caches
+from .reflector import Caches, Reflector
 
 ANNOTATION_SPEC_HASH = m.LABEL_PREFIX + "spec-hash"
 SNAPSHOT = k.Kind("VirtualMachineSnapshot", "snapshot.kubevirt.io", "v1beta1", "virtualmachinesnapshots")
 FINAL_PHASES = ("Succeeded", "Failed")
 STALL_CHECK_SECONDS = 5.0
+# How long an object that already exists may take to show in the caches (a create repeated after
+# a timeout finds its first attempt's object); one that never shows is not this workstation's.
+EXISTING_OBJECT_SECONDS = 10.0
 # DataVolume phases of a CSI or snapshot clone (copy-on-write, progress "N/A"), and of a disk that
 # waits for its first consumer (no clone stalls there).
 COPY_ON_WRITE_PHASES = ("CSICloneInProgress", "SnapshotForSmartCloneInProgress", "CSICloneSourceInUse")
@@ -155,6 +159,38 @@ async def _once(key: tuple[str, str, str], factory):
         entry[1] -= 1
 
 
+@contextlib.contextmanager
+def refusals_explained(log: logging.Logger | logging.LoggerAdapter, doing: str):
+    """A request the hub is not allowed to make: one line for the admin naming the request and
+    the cluster's refusal (which names the verb and resource), one sentence for the user."""
+    try:
+        yield
+    except k.KubeError as err:
+        if not err.permission_denied:
+            raise
+        if not err.logged:
+            log.error("permission missing: the cluster refused %s: %s. Grant it to the hub's ServiceAccount "
+                      "(see deploy/rbac/).", err.request or "a request", err.message)
+            err.logged = True
+        raise WorkstationError(
+            f"Your workstation could not {doing}: the hub is not allowed to do part of it on the cluster. "
+            "Tell your administrator; the hub's log names the missing permission.",
+            reason="forbidden", status_code=500) from err
+
+
+async def wait_synced(caches: Caches, log: logging.Logger | logging.LoggerAdapter, timeout: float):
+    """Wait for the caches, at most `timeout` seconds: without them nothing can be decided. (A
+    cache the hub may not read fails at once, with its KubeError.)"""
+    try:
+        await caches.wait_synced(max(0.0, timeout))
+    except asyncio.TimeoutError:
+        log.error("the hub's caches are not synced after %.0fs: %s", timeout, caches.unsynced())
+        raise WorkstationError(
+            "The hub cannot read the state of your workstation from the cluster right now. Try again in a few "
+            "minutes; if it keeps failing, tell your administrator.",
+            reason="cluster-unavailable", status_code=503) from None
+
+
 class Workstation:
     def __init__(self, kube: k.Kube, caches: Caches, ident: m.Identity, spec: m.MachineSpec, settings: Settings,
                  log: logging.Logger | logging.LoggerAdapter):
@@ -224,26 +260,37 @@ class Workstation:
 
     async def _start(self, env, args, report) -> str:
         deadline = time.monotonic() + self.settings.start_timeout
-        await self.caches.wait_synced()
+        with refusals_explained(self.log, "start"):
+            await wait_synced(self.caches, self.log, self.settings.start_timeout)
+            try:
+                self._refuse_double_attach()
+                report(1, "Preparing your workstation")
+                new = self.vm is None
+                await self._provision(report)
+                await self._write_env(env, args, new)
+                await self._wait_for_shutdown(report, deadline)
+                await self._request_start(report, deadline)
+                return await self._wait_ready(report, deadline)
+            except BaseException as exc:
+                await asyncio.shield(self._stop_after_failed_start())
+                # Not the user's to act on, so not a SpawnException: JupyterHub logs the traceback and
+                # counts an error. The user reads one sentence.
+                if isinstance(exc, k.KubeError) and not exc.permission_denied:
+                    exc.jupyterhub_message = (f"The cluster refused to start your workstation ({exc.message}). Try "
+                                              "again in a minute; if it keeps failing, tell your administrator.")
+                raise
+            finally:
+                self.settings.clone_gate.release((self.ident.namespace, self.ident.rootdisk))
+
+    async def _wait_until(self, predicate: Callable[[], object], deadline: float, waiting_for: str):
+        """A wait of the start, bounded by the start's deadline."""
         try:
-            self._refuse_double_attach()
-            report(1, "Preparing your workstation")
-            new = self.vm is None
-            await self._provision(report)
-            await self._write_env(env, args, new)
-            await self._wait_for_shutdown(report, deadline)
-            await self._request_start(report)
-            return await self._wait_ready(report, deadline)
-        except BaseException as exc:
-            await asyncio.shield(self._stop_after_failed_start())
-            # Not the user's to act on, so not a SpawnException: JupyterHub logs the traceback and
-            # counts an error. The user reads one sentence.
-            if isinstance(exc, k.KubeError):
-                exc.jupyterhub_message = (f"The cluster refused to start your workstation ({exc.message}). Try "
-                                          "again in a minute; if it keeps failing, tell your administrator.")
-            raise
-        finally:
-            self.settings.clone_gate.release((self.ident.namespace, self.ident.rootdisk))
+            return await self.caches.wait_for(predicate, max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            raise WorkstationError(
+                f"Your workstation did not start within {self.settings.start_timeout:.0f} seconds while waiting "
+                f"for {waiting_for}. Try again in a minute; if it keeps failing, tell your administrator.",
+                reason="timeout", status_code=504) from None
 
     def _refuse_double_attach(self):
         for vmi in self.attached_elsewhere():
@@ -262,10 +309,18 @@ class Workstation:
 
     async def _provision(self, report: Report):
         """Create whatever is missing; adopt what exists (after a hub restart, or a second start)."""
+        refused = await self._ensure_namespace() if self.vm is None else None
+        try:
+            await self._provision_objects(report)
+        except k.KubeError as err:
+            # The namespace is missing because the hub was not allowed to create it: say that.
+            if refused is not None and err.not_found and f'namespaces "{self.ident.namespace}"' in err.message:
+                raise refused from err
+            raise
+
+    async def _provision_objects(self, report: Report):
         ident, spec = self.ident, self.spec
         vm = self.vm
-        if vm is None:
-            await self._ensure(k.NAMESPACE, m.namespace(ident), check_owner=False)
         disk = self.rootdisk or self.rootdisk_pvc
         if disk is None and vm is not None:
             raise WorkstationError(
@@ -275,19 +330,19 @@ class Workstation:
         if disk is None:
             await self.settings.clone_gate.admit((ident.namespace, ident.rootdisk), self.caches, report)
             report(5, f"Cloning your system disk from {spec.golden_name}")
-            await self._ensure(k.DV, m.root_datavolume(ident, spec))
+            await self._ensure(k.DV, m.root_datavolume(ident, spec), self.caches.dvs)
         await self._unretire()
         if spec.workspace_disk_size and self.caches.dvs.get(ident.namespace, ident.workspace) is None \
                 and self.caches.pvcs.get(ident.namespace, ident.workspace) is None:
-            await self._ensure(k.DV, m.workspace_datavolume(ident, spec))
+            await self._ensure(k.DV, m.workspace_datavolume(ident, spec), self.caches.dvs)
         desired = m.virtual_machine(ident, spec)
         desired["metadata"]["annotations"][ANNOTATION_SPEC_HASH] = spec_hash(desired)
         if vm is None:
-            vm = await self._ensure(k.VM, desired)
+            vm = await self._ensure(k.VM, desired, self.caches.vms)
         await self._resize_disks(report)
         await self._update_stopped_vm(vm, desired)
         if self.service is None:
-            await self._ensure(k.SERVICE, m.service(ident, spec))
+            await self._ensure(k.SERVICE, m.service(ident, spec), self.caches.services)
 
     async def _unretire(self):
         """A user who comes back before the retention ends gets their kept disks back."""
@@ -306,17 +361,36 @@ class Workstation:
                 f"exists and does not belong to this workstation; ask your administrator to rename or remove it.",
                 reason="name-taken", status_code=409)
 
-    async def _ensure(self, kind: k.Kind, obj: dict, check_owner: bool = True) -> dict:
+    async def _ensure_namespace(self) -> k.KubeError | None:
+        """Create the namespace when missing. A hub may be allowed to use namespaces made for it but
+        not to create any: the refusal is returned, and matters only if the namespace is missing."""
         try:
-            existing, created = await self.kube.create_or_get(kind, obj)
+            await self.kube.create(k.NAMESPACE, m.namespace(self.ident))
+            self.log.info("created Namespace %s", self.ident.namespace)
         except k.KubeError as err:
-            if kind is k.NAMESPACE and err.status == 403:
-                return obj  # a hub allowed to use, not create, namespaces: it exists or the next call says so
-            raise
-        if created:
-            self.log.info("created %s %s", kind.kind, obj["metadata"]["name"])
-        elif check_owner:
-            self._check_owner(existing)
+            if err.status == 403:
+                return err
+            if err.status != 409:  # 409: it exists, all we need
+                raise
+        return None
+
+    async def _ensure(self, kind: k.Kind, obj: dict, cache: Reflector) -> dict:
+        """Create the object; when it exists, the cached one, which must be this workstation's. The
+        caches see every object with this project's label, so the hub never needs to read one."""
+        meta = obj["metadata"]
+        try:
+            created = await self.kube.create(kind, obj)
+            self.log.info("created %s %s", kind.kind, meta["name"])
+            return created
+        except k.KubeError as err:
+            if err.status != 409 or err.reason != "AlreadyExists":
+                raise
+        try:
+            existing = await self.caches.wait_for(lambda: cache.get(meta["namespace"], meta["name"]),
+                                                  EXISTING_OBJECT_SECONDS)
+        except asyncio.TimeoutError:
+            existing = {"kind": kind.kind, "metadata": {"namespace": meta["namespace"], "name": meta["name"]}}
+        self._check_owner(existing)
         return existing
 
     async def _update_stopped_vm(self, vm: dict, desired: dict):
@@ -375,14 +449,9 @@ class Workstation:
         if not shutting_down():
             return
         report(6, "Waiting for your workstation to finish shutting down")
-        try:
-            await self.caches.wait_for(lambda: not shutting_down(), max(0.0, deadline - time.monotonic()))
-        except asyncio.TimeoutError:
-            raise WorkstationError(f"Your workstation did not start within {self.settings.start_timeout:.0f} seconds "
-                                   "while waiting for its previous shutdown to finish. Try again in a minute.",
-                                   reason="timeout", status_code=504) from None
+        await self._wait_until(lambda: not shutting_down(), deadline, "its previous shutdown to finish")
 
-    async def _request_start(self, report: Report):
+    async def _request_start(self, report: Report, deadline: float):
         ident = self.ident
         vmi = self.vmi
         if vmi is not None and self.status() in ("running", "starting"):
@@ -390,8 +459,8 @@ class Workstation:
             report(8, "Restarting your workstation so it picks up the new session")
             try:
                 await self.kube.vm_action(ident.namespace, ident.vm, "restart")
-                await self.caches.wait_for(lambda: self.vmi is None
-                                           or self.vmi["metadata"]["uid"] != vmi["metadata"]["uid"])
+                await self._wait_until(lambda: self.vmi is None or self.vmi["metadata"]["uid"] != vmi["metadata"]["uid"],
+                                       deadline, "the running machine to restart")
                 return
             except k.KubeError as err:
                 if not err.conflict:
@@ -403,8 +472,8 @@ class Workstation:
                 raise
             self.log.info("start of %s: %s (continuing)", ident.vm, err.message)
         # The cache must show the request before the waits can tell "not started yet" from "stopped".
-        await self.caches.wait_for(lambda: field_value(self.vm, "spec.runStrategy") not in (None, "Halted")
-                                   or self.vmi is not None)
+        await self._wait_until(lambda: field_value(self.vm, "spec.runStrategy") not in (None, "Halted")
+                               or self.vmi is not None, deadline, "the cluster to take the start request")
 
     async def _wait_ready(self, report: Report, deadline: float) -> str:
         steps = _StartSteps(self, report)
@@ -423,6 +492,8 @@ class Workstation:
         """A failed start leaves nothing holding a node or a GPU."""
         try:
             await self.stop(now=True)
+        except WorkstationError as err:  # already logged, and explained
+            self.log.warning("could not stop %s after a failed start: %s", self.ident.vm, err.jupyterhub_message)
         except Exception:
             self.log.exception("could not stop %s after a failed start", self.ident.vm)
 
@@ -432,10 +503,14 @@ class Workstation:
         await _once(key, lambda: self._stop(now))
 
     async def _stop(self, now: bool):
+        with refusals_explained(self.log, "stop"):
+            await wait_synced(self.caches, self.log, self.settings.stop_timeout)
+            # Always ask: the cache may not show a VM we have just created (a stop after a failed start).
+            await self._stop_call(now)
+            await self._wait_stopped()
+
+    async def _wait_stopped(self):
         ident = self.ident
-        await self.caches.wait_synced()
-        # Always ask: the cache may not show a VM we have just created (a stop after a failed start).
-        await self._stop_call(now)
         if self.vmi is not None and self.caches.on_unreachable_node(self.vmi):
             # Halted now, so it does not come back by itself once the node is fenced.
             self.log.warning("%s is on node %s, which is not responding: it stays there until the node is fenced",
@@ -459,10 +534,11 @@ class Workstation:
     async def ensure_halted(self):
         """Make sure the VM does not come back by itself (KubeVirt restarts a VM whose runStrategy
         is Always when its guest powers off or crashes, or when a lost node is fenced)."""
-        await self.caches.wait_synced()
-        if self.vm is not None and field_value(self.vm, "spec.runStrategy") not in (None, "Halted"):
-            self.log.info("%s ended on its own (%s): setting it to Halted", self.ident.vm, self.status())
-            await self._stop_call(now=False)
+        with refusals_explained(self.log, "stop"):
+            await wait_synced(self.caches, self.log, self.settings.stop_timeout)
+            if self.vm is not None and field_value(self.vm, "spec.runStrategy") not in (None, "Halted"):
+                self.log.info("%s ended on its own (%s): setting it to Halted", self.ident.vm, self.status())
+                await self._stop_call(now=False)
 
     async def _stop_call(self, now: bool):
         try:
@@ -478,8 +554,12 @@ class Workstation:
     async def retire(self) -> list[str]:
         """Delete the VM, Service and Secret; keep every disk and snapshot, marked as retained
         until `retention_days` from now. Returns the names of what was kept."""
+        with refusals_explained(self.log, "be deleted"):
+            return await self._retire()
+
+    async def _retire(self) -> list[str]:
         ident = self.ident
-        await self.caches.wait_synced()
+        await wait_synced(self.caches, self.log, self.settings.stop_timeout)
         await self.stop(now=True)
         until = (datetime.now(timezone.utc) + timedelta(days=self.settings.retention_days)).strftime(
             "%Y-%m-%dT%H:%M:%SZ")

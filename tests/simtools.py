@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import requests
+import yaml
 from kubernetes import client, config
 
 from kubevirt_spawner.sim import SimulatorThread, write_kubeconfig
@@ -80,3 +82,43 @@ def service_account_kubeconfig(sim, namespace: str, name: str, path) -> str:
         name, namespace, {"spec": {"expirationSeconds": 24 * 3600}}).status.token
     return write_kubeconfig(str(path), sim.url, sim.ca_file, f"system:serviceaccount:{namespace}:{name}", token,
                             namespace)
+
+
+HUB_NAMESPACE = "jupyterhub"
+HUB_SERVICE_ACCOUNT = "hub"
+DEPLOY_RBAC = Path(__file__).resolve().parents[1] / "deploy" / "rbac"
+
+
+def hub_rbac_objects(hub_namespace: str = HUB_NAMESPACE) -> list[dict]:
+    """The hub's RBAC as deploy/rbac/ ships it, bound to the hub's ServiceAccount in `hub_namespace`
+    (what a platform team edits when it applies the files)."""
+    objects = []
+    for path in sorted(DEPLOY_RBAC.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            for subject in doc.get("subjects") or []:
+                if subject.get("kind") == "ServiceAccount":
+                    subject["namespace"] = hub_namespace
+            objects.append(doc)
+    return objects
+
+
+def apply(sim, obj: dict):
+    """Create the object, or replace it when it exists (what `kubectl apply` ends in), as the admin."""
+    group, _, version = obj["apiVersion"].rpartition("/")
+    plural = {"ClusterRole": "clusterroles", "ClusterRoleBinding": "clusterrolebindings", "Role": "roles",
+              "RoleBinding": "rolebindings", "Namespace": "namespaces", "ServiceAccount": "serviceaccounts"}[obj["kind"]]
+    base = f"{sim.url}/apis/{group}/{version}" if group else f"{sim.url}/api/{version}"
+    ns = obj["metadata"].get("namespace")
+    collection = f"{base}/namespaces/{ns}/{plural}" if ns else f"{base}/{plural}"
+    r = http(sim).post(collection, json=obj)
+    if r.status_code == 409:
+        r = http(sim).put(f"{collection}/{obj['metadata']['name']}", json=obj)
+    assert r.status_code in (200, 201), r.text
+
+
+def hub_kubeconfig(sim, path, objects: list[dict] | None = None, hub_namespace: str = HUB_NAMESPACE) -> str:
+    """The hub's ServiceAccount with the RBAC of deploy/rbac/ (or `objects`): a kubeconfig with its token."""
+    apply(sim, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": hub_namespace}})
+    for obj in hub_rbac_objects(hub_namespace) if objects is None else objects:
+        apply(sim, obj)
+    return service_account_kubeconfig(sim, hub_namespace, HUB_SERVICE_ACCOUNT, path)

@@ -17,6 +17,7 @@ from kubevirt_spawner import kube as k
 from kubevirt_spawner import manifests as m
 from kubevirt_spawner import names
 from kubevirt_spawner import spawner as spawner_module
+from kubevirt_spawner import workstation as workstation_module
 from kubevirt_spawner.objects import field_value
 from kubevirt_spawner.reflector import Caches
 from kubevirt_spawner.spawner import KubeVirtSpawner
@@ -73,6 +74,14 @@ def writes(delta: dict) -> dict:
     return {k: v for k, v in delta.items() if k.split()[0] in WRITES}
 
 
+async def ensure_namespace(env, name: str):
+    try:
+        await env.kube.create(k.NAMESPACE, {"metadata": {"name": name}})
+    except k.KubeError as err:
+        if err.status != 409:
+            raise
+
+
 def workstation(env, user, spec=None, **settings) -> Workstation:
     settings.setdefault("url_mode", "cluster-ip")
     return Workstation(env.kube, env.caches, names.identity(user), spec or m.MachineSpec(), Settings(**settings),
@@ -100,6 +109,40 @@ async def test_first_start_resume_and_stop_use_few_requests(env):
     assert writes(resume) == {"update secrets": 1, "update virtualmachines/start": 1}
     assert sum(writes(resume).values()) <= 3
     await ws.stop()
+
+
+async def test_no_wait_is_unbounded_when_the_cluster_cannot_be_read(wsim, caplog):
+    """A hub whose caches cannot fill (every LIST of VMs fails): a start gives up after its
+    start_timeout and a stop after its stop_timeout, each with one sentence and a log line naming
+    the cache and its error; poll says "running" (never "stopped" on a guess) after
+    k8s_api_retry_timeout."""
+    sim_api(wsim, "PUT", "/faults/api", {"verb": "list", "resource": "virtualmachines", "rate": 1, "code": 500})
+    kube = k.Kube(k.load_api_client(wsim.kubeconfig), LOG, retry_timeout=0.3)
+    caches = Caches(kube, m.LABEL_WORKSTATION)
+    try:
+        blind = types.SimpleNamespace(kube=kube, caches=caches, sim=wsim)
+        with user_error("cluster-unavailable", "The hub cannot read the state of your workstation from the cluster"):
+            await asyncio.wait_for(workstation(blind, "una", start_timeout=2).start({}, []), 10)
+        assert any("caches are not synced after 2s: virtualmachines (500 InternalError" in r.getMessage()
+                   for r in caplog.records)
+        with user_error("cluster-unavailable", "Try again in a few minutes"):
+            await asyncio.wait_for(workstation(blind, "una", stop_timeout=1).stop(), 10)
+
+        c = Config()
+        c.KubeVirtSpawner.kubeconfig = wsim.kubeconfig
+        c.KubeVirtSpawner.k8s_api_retry_timeout = 1.0
+        spawner_module._shared.clear()
+        spawner = KubeVirtSpawner(config=c, user=types.SimpleNamespace(name="una", url="/user/una/"))
+        spawner.load_state({"workstation": names.identity("una").to_state()})
+        assert await asyncio.wait_for(spawner.poll(), 10) is None
+        assert any("cannot tell whether the workstation of" in r.getMessage() for r in caplog.records)
+    finally:
+        sim_api(wsim, "DELETE", "/faults/api")
+        caches.stop()
+        kube.close()
+        for shared in spawner_module._shared.values():
+            shared["caches"].stop()
+        spawner_module._shared.clear()
 
 
 async def test_poll_reads_the_cache_only_and_waits_for_it_after_a_restart(env, wsim):
@@ -293,9 +336,12 @@ async def test_a_stuck_clone_fails_the_start_with_cdis_words_and_does_not_hold_u
     await other.stop(now=True)
 
 
-async def test_an_object_of_someone_else_is_never_adopted(env):
+async def test_an_object_of_someone_else_is_never_adopted(env, monkeypatch):
+    """The hub never reads single objects: an object that exists is looked for in the caches,
+    which see everything with this project's label. One that never shows there is foreign."""
+    monkeypatch.setattr(workstation_module, "EXISTING_OBJECT_SECONDS", 1.0)
     ident = names.identity("zoe")
-    await env.kube.create_or_get(k.NAMESPACE, {"metadata": {"name": ident.namespace}})
+    await ensure_namespace(env, ident.namespace)
     await env.kube.create(k.SERVICE, {"metadata": {"name": ident.service, "namespace": ident.namespace},
                                       "spec": {"ports": [{"port": 80}]}})
     ws = workstation(env, "zoe")
@@ -430,7 +476,7 @@ async def test_the_service_url_uses_the_cluster_domain(env):
 async def test_the_caches_keep_no_managed_fields(env):
     """managedFields (server-side apply bookkeeping) are dropped from cached objects."""
     ident = names.identity("mona")
-    await env.kube.create_or_get(k.NAMESPACE, {"metadata": {"name": ident.namespace}})
+    await ensure_namespace(env, ident.namespace)
     fields = [{"manager": "kubectl", "operation": "Update", "apiVersion": "v1", "fieldsType": "FieldsV1",
                "fieldsV1": {"f:metadata": {"f:labels": {}}}}]
     await env.kube.create(k.SERVICE, {"metadata": {"name": "mona-extra", "namespace": ident.namespace,
@@ -482,7 +528,7 @@ async def test_a_cancelled_start_leaves_the_machine_stopped(env, delay):
 
 async def test_stop_asks_the_cluster_even_before_the_cache_shows_the_vm(env, monkeypatch):
     ws = workstation(env, "lou")
-    await env.kube.create_or_get(k.NAMESPACE, m.namespace(ws.ident))
+    await ensure_namespace(env, ws.ident.namespace)
     for cache in (env.caches.vms, env.caches.vmis):  # the caches lag behind
         monkeypatch.setattr(cache, "_apply", lambda event_type, obj: None)
     vm = m.virtual_machine(ws.ident, ws.spec)

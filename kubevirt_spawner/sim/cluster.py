@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import ipaddress
 import json
 import logging
@@ -97,6 +98,9 @@ class Cluster:
         self.events = EventRecorder(self.store)
         self.faults = Faults(self)
         self.auth = Authenticator(self.store, self.state_dir)
+        # What RBAC allowed, by (user, verb, API group, resource[/subresource]): a summary of the
+        # API server's audit log, which shows which permissions a client really uses.
+        self.authorized: collections.Counter = collections.Counter()
         self.compute = Compute(self)
         self.storage = Storage(self)
         self.snapshots = Snapshots(self)

@@ -75,6 +75,11 @@ class Faults:
             if method == "DELETE":
                 self.c.requests.counts.clear()
             return {"requests": self.c.requests.snapshot()}
+        if path == "/authorized":
+            if method == "DELETE":
+                self.c.authorized.clear()
+            return {"authorized": [{"user": user, "verb": verb, "group": group, "resource": resource, "count": n}
+                                   for (user, verb, group, resource), n in sorted(self.c.authorized.items())]}
         if path == "/guests" and method == "GET":
             return {"guests": [{"namespace": k[0], "name": k[1], "ip": g.ip, "root": g.root, "alive": g.alive,
                                 "pid": g.proc.pid if g.proc else None} for k, g in compute.guests.items()]}

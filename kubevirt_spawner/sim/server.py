@@ -212,6 +212,8 @@ class ApiHandler(tornado.web.RequestHandler):
 
     def _authorize(self, req: rbac.Request):
         rbac.check(self.store, self.user, req)
+        if not req.path and not self.user.superuser:
+            self.cluster.authorized[(self.user.name, req.verb, req.group, req.combined_resource)] += 1
 
     def _token_request(self, rt, namespace: str, name: str):
         """The TokenRequest API: a token for the ServiceAccount, as `kubectl create token` asks."""

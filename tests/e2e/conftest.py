@@ -1,5 +1,6 @@
 """End-to-end harness: the simulator, configurable-http-proxy and a real JupyterHub running the
-local hub config (the demo's), driven through the hub's REST API and the proxy."""
+local hub config (the demo's) as a ServiceAccount bound to deploy/rbac/, driven through the hub's
+REST API and the proxy."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from kubernetes import client
 
 from kubevirt_spawner import demo
 
-from simtools import api_client, sim_api, start_sim
+from simtools import api_client, hub_kubeconfig, sim_api, start_sim
 
 E2E_SPEED = 20.0
 
@@ -28,7 +29,9 @@ class Hub:
         extra = state_dir / "extra_config.py"
         state_dir.mkdir(parents=True, exist_ok=True)
         extra.write_text(extra_config)
-        self.settings = demo.HubSettings.create(state_dir, sim.kubeconfig, extra_config=str(extra))
+        # The hub runs as Zero-to-JupyterHub's `hub` ServiceAccount with exactly deploy/rbac/.
+        self.kubeconfig = hub_kubeconfig(sim, state_dir / "hub.kubeconfig")
+        self.settings = demo.HubSettings.create(state_dir, self.kubeconfig, extra_config=str(extra))
         self.log_dir = state_dir / "logs"
         self.log_dir.mkdir(exist_ok=True)
         self.proxy = demo.start_proxy(self.settings, self.log_dir / "proxy.log")

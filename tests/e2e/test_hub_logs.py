@@ -13,7 +13,7 @@ import re
 import pytest
 from conftest import Hub
 
-from simtools import wait_for
+from simtools import apply, hub_rbac_objects, wait_for
 
 GPU = "nvidia.com/A100-PCIE-40GB"
 HUB_LINE = re.compile(r"^\[[DIWEC] \d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+ JupyterHub \w+:\d+\] ")
@@ -45,6 +45,8 @@ def test_the_spawner_logs_through_the_hub_naming_the_workstation(hub):
     assert any("notebook-lena/lena-workstation: starting for lena (profile cpu)" in line for line in lines)
     assert all(HUB_LINE.match(line) for line in lines), lines  # the hub's format, the hub's handler
     hub.stop_server("lena")
+    # The hub runs as a ServiceAccount with deploy/rbac/: nothing it did was refused.
+    assert "permission missing" not in hub.log() and "cannot read" not in hub.log()
 
 
 def test_user_failures_are_spawn_exceptions_with_a_reason_and_no_traceback(hub, cluster):
@@ -95,3 +97,33 @@ def test_an_internal_error_keeps_its_traceback_and_the_user_reads_one_sentence(h
     assert "Traceback (most recent call last)" in tail, tail
     assert "KubeError: 500 InternalError: Internal error occurred: injected fault: etcdserver: request timed out " \
            "(POST /apis/cdi.kubevirt.io/v1beta1/namespaces/notebook-pia/datavolumes)" in tail, tail
+
+
+def test_a_missing_permission_is_one_admin_line_and_one_user_sentence(hub, cluster):
+    """RBAC refusing the start call (403, staging/src/k8s.io/apiserver/pkg/endpoints/handlers/
+    responsewriters/errors.go): the admin reads the refused request and what is missing, the user
+    reads a sentence that sends them to the administrator, and nothing is left running."""
+    offset = len(hub.log())
+    without_start = hub_rbac_objects()
+    cluster_role = next(o for o in without_start if o["kind"] == "ClusterRole")
+    for rule in cluster_role["rules"]:
+        rule["resources"] = [r for r in rule["resources"] if r != "virtualmachines/start"]
+    apply(cluster.sim, cluster_role)
+    try:
+        r = hub.request_start("quin")
+        assert r.status_code in (202, 500), r.text
+        message = wait_failed(hub, "quin")
+    finally:
+        for obj in hub_rbac_objects():
+            apply(cluster.sim, obj)
+    assert message == ("Spawn failed: Your workstation could not start: the hub is not allowed to do part of it on "
+                       "the cluster. Tell your administrator; the hub's log names the missing permission.")
+    log = log_since(hub, offset)
+    refusals = [line for line in log.splitlines() if "permission missing" in line]
+    assert len(refusals) == 1 and HUB_LINE.match(refusals[0]), log
+    assert ("the cluster refused PUT /apis/subresources.kubevirt.io/v1/namespaces/notebook-quin/virtualmachines/"
+            'quin-workstation/start: virtualmachines.subresources.kubevirt.io "quin-workstation" is forbidden: User '
+            '"system:serviceaccount:jupyterhub:hub" cannot update resource "virtualmachines/start"') in refusals[0]
+    assert "WorkstationError(reason=forbidden)" in log and "Traceback" not in log, log
+    assert cluster.vmi("notebook-quin", "quin-workstation") is None
+    hub.start_server("quin")  # with the permission back, the same start works

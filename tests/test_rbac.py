@@ -1,0 +1,153 @@
+"""The hub's least-privilege RBAC (deploy/rbac/): enough for every call the spawner makes
+(sufficient), every rule needed (minimal), and a missing permission explained.
+
+The cluster side is the simulator's RBAC, which decides as kube-apiserver's authorizer does
+(plugin/pkg/auth/authorizer/rbac/rbac.go), and CDI's clone check on DataVolume create and update
+(pkg/apiserver/webhooks/datavolume-mutate.go)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import uuid
+
+import pytest
+
+from kubevirt_spawner import kube as k
+from kubevirt_spawner import manifests as m
+from kubevirt_spawner import names
+from kubevirt_spawner.reflector import Caches
+from kubevirt_spawner.workstation import SNAPSHOT, Settings, Workstation, WorkstationError
+
+from simtools import HUB_NAMESPACE, HUB_SERVICE_ACCOUNT, apply, hub_kubeconfig, hub_rbac_objects, sim_api, start_sim
+
+HUB_USER = f"system:serviceaccount:{HUB_NAMESPACE}:{HUB_SERVICE_ACCOUNT}"
+
+
+@pytest.fixture(scope="module")
+def rsim(tmp_path_factory):
+    s = start_sim(tmp_path_factory.mktemp("rbac"), guest_mode="null", speed=100)
+    yield s
+    s.stop()
+
+
+class Lines(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(f"{record.levelname} {record.getMessage()}")
+
+
+@dataclasses.dataclass
+class Outcome:
+    error: WorkstationError | None
+    lines: list[str]
+
+    @property
+    def complaints(self) -> list[str]:
+        """What a missing permission leaves: the start's or stop's error and the admin's log lines."""
+        found = [line for line in self.lines if "permission missing" in line or "cannot read" in line]
+        return found + ([self.error.message] if self.error else [])
+
+
+async def lifecycle(sim, kubeconfig: str) -> Outcome:
+    """Everything the spawner does with a workstation, as the hub would, with the given credentials:
+    a first start (clone, create), a second start while it runs (restart with a new token), a stop,
+    a start with a bigger profile (template replaced, disk grown), a stop, and the deletion that
+    keeps disks and snapshots."""
+    user = f"u{uuid.uuid4().hex[:6]}"
+    log = logging.getLogger(f"hub-{user}")
+    log.propagate = False
+    log.setLevel(logging.INFO)
+    lines = Lines()
+    log.addHandler(lines)
+    kube = k.Kube(k.load_api_client(kubeconfig), log, retry_timeout=5)
+    caches = Caches(kube, m.LABEL_WORKSTATION)
+    settings = Settings(url_mode="cluster-ip", start_timeout=60, stop_timeout=20)
+    spec = m.MachineSpec(workspace_disk_size="10Gi")
+    ident = names.identity(user)
+    error = None
+    try:
+        ws = Workstation(kube, caches, ident, spec, settings, log)
+        await ws.start({"JUPYTERHUB_API_TOKEN": "t1"}, [])
+        await ws.start({"JUPYTERHUB_API_TOKEN": "t2"}, [])
+        await ws.stop()
+        bigger = dataclasses.replace(spec, cpu="4", root_disk_size="80Gi")
+        ws = Workstation(kube, caches, ident, bigger, settings, log)
+        await ws.start({"JUPYTERHUB_API_TOKEN": "t3"}, [])
+        await ws.stop()
+        sim_api(sim, "GET", "/requests")  # (the admin makes the snapshot: the hub only keeps it)
+        admin = k.Kube(k.load_api_client(sim.kubeconfig), log)
+        await admin.create(SNAPSHOT, {"apiVersion": "snapshot.kubevirt.io/v1beta1", "kind": "VirtualMachineSnapshot",
+                                      "metadata": {"name": f"{user}-snap", "namespace": ident.namespace,
+                                                   "labels": m.labels(ident, "snapshot")},
+                                      "spec": {"source": {"apiGroup": "kubevirt.io", "kind": "VirtualMachine",
+                                                          "name": ident.vm}}})
+        admin.close()
+        await ws.retire()
+    except WorkstationError as err:
+        error = err
+    finally:
+        caches.stop()
+        kube.close()
+        log.removeHandler(lines)
+    return Outcome(error, lines.lines)
+
+
+async def test_the_hub_runs_on_deploy_rbac_and_uses_every_permission_it_grants(rsim, tmp_path):
+    """Sufficient: the whole lifecycle works with the ServiceAccount bound to deploy/rbac/, without
+    a single refusal. And nothing granted is unused: every verb on every resource of the
+    ClusterRole shows in what the API server authorized for the hub."""
+    kubeconfig = hub_kubeconfig(rsim, tmp_path / "hub.kubeconfig")
+    sim_api(rsim, "DELETE", "/authorized")
+    outcome = await lifecycle(rsim, kubeconfig)
+    assert outcome.error is None and outcome.complaints == []
+    used = {(a["verb"], a["group"], a["resource"]) for a in sim_api(rsim, "GET", "/authorized")["authorized"]
+            if a["user"] == HUB_USER}
+    cluster_role = next(o for o in hub_rbac_objects() if o["kind"] == "ClusterRole")
+    granted = {(verb, group, resource) for rule in cluster_role["rules"] for verb in rule["verbs"]
+               for group in rule["apiGroups"] for resource in rule["resources"]}
+    assert granted - used == set(), "granted but never used"
+    assert used - granted == set()
+
+
+def _without(objects: list[dict], kind: str, index: int, verb: str) -> list[dict]:
+    """The RBAC with one verb less in one rule (the rule gone when that was its only verb)."""
+    out = copy.deepcopy(objects)
+    role = next(o for o in out if o["kind"] == kind)
+    role["rules"][index]["verbs"].remove(verb)
+    if not role["rules"][index]["verbs"]:
+        del role["rules"][index]
+    return out
+
+
+def _grants() -> list:
+    return [pytest.param(obj["kind"], i, verb, rule["resources"], id=f"{obj['kind']}-{rule['resources'][0]}-{verb}")
+            for obj in hub_rbac_objects() if obj["kind"] in ("ClusterRole", "Role")
+            for i, rule in enumerate(obj["rules"]) for verb in rule["verbs"]]
+
+
+@pytest.mark.parametrize("kind,index,verb,resources", _grants())
+async def test_every_permission_is_needed_and_its_absence_is_explained(rsim, tmp_path, kind, index, verb, resources):
+    """Minimal: without any one rule, or any one verb of a rule, the lifecycle meets a refusal. The
+    admin gets one log line per refused request, naming it and the cluster's reason (the verb and
+    resource); a start or stop that cannot go on tells the user in one sentence to ask the
+    administrator."""
+    objects = _without(hub_rbac_objects(), kind, index, verb)
+    kubeconfig = hub_kubeconfig(rsim, tmp_path / "hub.kubeconfig", objects)
+    try:
+        outcome = await lifecycle(rsim, kubeconfig)
+    finally:
+        for obj in hub_rbac_objects():  # put the full RBAC back for the next test
+            apply(rsim, obj)
+    assert outcome.complaints, f"nothing failed without {verb} on {resources}"
+    named = [line for line in outcome.complaints if any(r.split("/")[0] in line for r in resources)]
+    assert named, outcome.complaints
+    if outcome.error is not None:
+        assert outcome.error.reason == "forbidden"
+        assert "Tell your administrator" in outcome.error.message
+        refusals = [line for line in outcome.lines if "permission missing" in line or "cannot read" in line]
+        assert refusals and len(set(refusals)) == len(refusals), outcome.lines  # each refused request once
