@@ -31,9 +31,10 @@ from kubevirt_spawner.reflector import Caches
 from kubevirt_spawner.spawner import KubeVirtSpawner
 from kubevirt_spawner.workstation import Settings, Workstation
 
-from bench_sim import start_simulator  # the bench/ folder is on sys.path when run as a script
+from bench_sim import admin_session, start_simulator  # the bench/ folder is on sys.path when run as a script
 
 LOG = logging.getLogger("bench")
+SESSION = requests.Session()  # replaced by the admin's HTTPS session once the simulator made its CA
 WRITES = ("create", "update", "patch", "delete")
 SPEED = 100.0
 FIRST_START_PATH = ("bind", "clone_schedule", "clone", "schedule", "launch", "agent")
@@ -41,7 +42,7 @@ RESUME_PATH = ("schedule", "launch", "agent")
 
 
 def sim(base: str, method: str, path: str) -> dict:
-    r = requests.request(method, f"{base}/sim/v1{path}", timeout=30)
+    r = SESSION.request(method, f"{base}/sim/v1{path}", timeout=30)
     r.raise_for_status()
     return r.json()
 
@@ -78,7 +79,9 @@ async def main(n: int):
     state = tempfile.mkdtemp(prefix="bench-spawner-")
     port = 20000 + os.getpid() % 20000
     proc = start_simulator(state, port)
-    base = f"http://127.0.0.1:{port}"
+    global SESSION
+    SESSION = admin_session(state)
+    base = f"https://127.0.0.1:{port}"
     try:
         timing = sim(base, "GET", "/timing")["timing"]
         kube = k.Kube(k.load_api_client(os.path.join(state, "kubeconfig")), LOG)

@@ -22,6 +22,15 @@ from .tls import ensure_serving_certificate
 log = logging.getLogger(__name__)
 
 
+def _not_a_client_hanging_up(record: logging.LogRecord) -> bool:
+    """Tornado warns about a TLS alert a client sends as it drops a watch (urllib3 shuts the socket
+    down under a blocked read); that is a client hanging up, which an API server does not log."""
+    return not record.getMessage().startswith("error on read: [SSL: TLSV1_ALERT_DECODE_ERROR]")
+
+
+logging.getLogger("tornado.general").addFilter(_not_a_client_hanging_up)
+
+
 def write_kubeconfig(path: str, server: str, ca_file: str, user: str, token: str, namespace: str = "default") -> str:
     """A kubeconfig for the simulated cluster that authenticates with `token` (the admin's, or a
     ServiceAccount's from the TokenRequest API) and trusts the cluster's CA."""
