@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import random
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 from urllib.parse import quote, urlencode
 
+import orjson
 import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
@@ -54,9 +56,11 @@ NODE = Kind("Node", "", "v1", "nodes", namespaced=False)
 VM = Kind("VirtualMachine", "kubevirt.io", "v1", "virtualmachines")
 VMI = Kind("VirtualMachineInstance", "kubevirt.io", "v1", "virtualmachineinstances")
 DV = Kind("DataVolume", "cdi.kubevirt.io", "v1beta1", "datavolumes")
+STORAGE_PROFILE = Kind("StorageProfile", "cdi.kubevirt.io", "v1beta1", "storageprofiles", namespaced=False)
 VM_SUBRESOURCES = Kind("VirtualMachine", "subresources.kubevirt.io", "v1", "virtualmachines")
 
 RETRY_STATUS = {429, 500, 502, 503, 504}
+_AUTHORIZER_REFUSAL = re.compile(r'forbidden: User ".*" cannot \S+ (resource|path) ')
 
 
 def json_pointer_token(key: str) -> str:
@@ -93,9 +97,14 @@ class KubeError(Exception):
 
     @property
     def permission_denied(self) -> bool:
-        """RBAC's 403, or CDI's webhook refusing a clone from a namespace the hub may not clone from
-        (a 422: pkg/apiserver/webhooks/datavolume-mutate.go)."""
-        return self.status == 403 or (self.status == 422 and "insufficient permissions" in self.message)
+        """The authorizer's 403 (its wording: staging/src/k8s.io/apiserver/pkg/endpoints/handlers/
+        responsewriters/errors.go), or CDI's webhook refusing a clone from a namespace the hub may
+        not clone from (a 422: pkg/apiserver/webhooks/datavolume-mutate.go). Other 403s (a quota,
+        a namespace being deleted, a disk that cannot grow) are not about permissions."""
+        if self.status == 403:
+            return bool(_AUTHORIZER_REFUSAL.search(self.message))
+        return self.status == 422 and 'admission webhook "datavolume-mutate.cdi.kubevirt.io"' in self.message \
+            and "insufficient permissions" in self.message
 
 
 def _seconds(header: str | None) -> float:
@@ -179,7 +188,7 @@ class Kube:
                     if not data:
                         return None
                     try:
-                        return json.loads(data)
+                        return orjson.loads(data)
                     except ValueError:
                         return None
                 err = _error_from(status, data, resp.reason or "")
@@ -198,8 +207,9 @@ class Kube:
             self.log.info("%s %s failed (%s); retry %d in %.1fs", method, path, err, attempt, delay)
             time.sleep(delay)
 
-    def stream_lines(self, path: str, query: dict, timeout, on_open=None) -> Iterator[dict]:
-        """A watch: one decoded event per line. Errors surface as KubeError. `on_open` gets the
+    def stream_events(self, path: str, query: dict, timeout, on_open=None) -> Iterator[list[dict]]:
+        """A watch: the events of each chunk the server sends (one per line), decoded, in order; a
+        storm of changes arrives in few chunks. Errors surface as KubeError. `on_open` gets the
         open response, so another thread can close it to end the watch."""
         request = f"WATCH {path}"
         try:
@@ -215,11 +225,11 @@ class Kube:
                 raise _error_from(raw.status, raw.read(), raw.reason or "", request)
             buffer = b""
             for chunk in raw.stream(amt=None, decode_content=False):
-                buffer += chunk
-                while b"\n" in buffer:
-                    line, buffer = buffer.split(b"\n", 1)
-                    if line.strip():
-                        yield json.loads(line)
+                lines = (buffer + chunk).split(b"\n")
+                buffer = lines.pop()  # the start of a line still on its way
+                events = [orjson.loads(line) for line in lines if line.strip()]
+                if events:
+                    yield events
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise KubeError(0, "ConnectionError", f"watch stream broke: {exc}") from None
         finally:
@@ -248,9 +258,10 @@ class Kube:
                 return None
             raise
 
-    async def list(self, kind: Kind, namespace: str | None = None, label_selector: str | None = None) -> dict:
-        query = {"labelSelector": label_selector} if label_selector else None
-        return await self.call("GET", kind.path(namespace), query)
+    async def list(self, kind: Kind, namespace: str | None = None, label_selector: str | None = None,
+                   field_selector: str | None = None) -> dict:
+        query = {"labelSelector": label_selector, "fieldSelector": field_selector}
+        return await self.call("GET", kind.path(namespace), {k: v for k, v in query.items() if v} or None)
 
     async def create(self, kind: Kind, obj: dict) -> dict:
         return await self.call("POST", kind.path(obj["metadata"].get("namespace")), None, obj)

@@ -17,6 +17,7 @@ import time
 from typing import Callable, TypeVar
 
 from . import kube as k
+from .objects import field_value
 
 T = TypeVar("T")
 
@@ -30,17 +31,25 @@ def _key(obj: dict) -> tuple[str, str]:
     return meta.get("namespace") or "", meta.get("name") or ""
 
 
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+
 def slim(obj: dict) -> dict:
-    """What the caches keep of an object: no `managedFields` (server-side apply bookkeeping that
-    no reader uses and that can be most of an object's size)."""
+    """What the caches keep of an object: no `managedFields` (server-side apply bookkeeping) and
+    no copy of the object as `kubectl apply` last saw it; no reader uses them, and they can be
+    most of an object's size."""
     meta = obj.get("metadata")
     if isinstance(meta, dict):
         meta.pop("managedFields", None)
+        annotations = meta.get("annotations")
+        if isinstance(annotations, dict):
+            annotations.pop(LAST_APPLIED, None)
     return obj
 
 
 class Reflector:
-    def __init__(self, kube: k.Kube, kind: k.Kind, on_change: Callable[[], None], namespace: str | None = None,
+    def __init__(self, kube: k.Kube, kind: k.Kind, on_change: Callable[[str | None], None],
+                 namespace: str | None = None,
                  label_selector: str | None = None, keep: Callable[[dict], bool] | None = None,
                  field_selector: str | None = None, optional: bool = False):
         self.kube, self.kind, self.namespace = kube, kind, namespace
@@ -55,7 +64,11 @@ class Reflector:
         self.forbidden = False
         self.refusal: k.KubeError | None = None
         self.last_error: k.KubeError | None = None  # why the cache is not synced, when it is not
+        # Called on the loop with the namespace that changed (None: possibly all of them).
         self._on_change = on_change
+        # Per-object listeners (object or None when gone, its key) and whole-cache ones (a relist).
+        self.on_object: list[Callable[[dict | None, tuple[str, str]], None]] = []
+        self.on_reset: list[Callable[[object], None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -89,25 +102,38 @@ class Reflector:
         self.last_error = None
         self.objects = {_key(o): o for o in items if self.keep(o)}
         self.synced = True
-        self._on_change()
+        for reset in self.on_reset:
+            reset(self.objects.values())
+        self._on_change(None)
 
     def _forbid(self, err: k.KubeError):
         if self.optional:
             self._replace_all([])
         self.forbidden = True
         self.refusal = err
-        self._on_change()
+        self._on_change(None)
 
     def _failed(self, err: k.KubeError):
         self.last_error = err
 
-    def _apply(self, event_type: str, obj: dict):
-        key = _key(obj)
-        if event_type == "DELETED" or not self.keep(obj):
-            self.objects.pop(key, None)
-        else:
-            self.objects[key] = obj
-        self._on_change()
+    def _apply(self, changes: list[tuple[str, dict]]):
+        """A batch of watch events, applied in order; then each namespace that changed wakes its
+        waiters once. Cluster-scoped objects (nodes, storage profiles) may matter to every
+        workstation."""
+        namespaces: set[str | None] = set()
+        for event_type, obj in changes:
+            key = _key(obj)
+            if event_type == "DELETED" or not self.keep(obj):
+                self.objects.pop(key, None)
+                current = None
+            else:
+                self.objects[key] = obj
+                current = obj
+            for listener in self.on_object:
+                listener(current, key)
+            namespaces.add(key[0] if self.kind.namespaced else None)
+        for namespace in (None,) if None in namespaces else namespaces:
+            self._on_change(namespace)
 
     def _post(self, fn, *args):
         if self._loop is not None and not self._loop.is_closed():
@@ -127,6 +153,7 @@ class Reflector:
 
     def _run(self):
         failures = 0
+        told = False  # the admin has read that the hub may not read these (told once, in this thread)
         while not self._stopping.is_set():
             try:
                 listing = self.kube.request("GET", self.kind.path(self.namespace), self._query() or None) or {}
@@ -138,13 +165,15 @@ class Reflector:
                 if self._stopping.is_set():
                     return
                 if err.status == 403:
-                    if not self.forbidden:  # once, not at every retry
+                    if not told:  # once, not at every retry
                         self._log_refusal(err)
+                        told = True
                     err.logged = True
                     self._post(self._forbid, err)
                     self._stopping.wait(300 if self.optional else 60)
                     continue
                 self._post(self._failed, err)
+                told = False  # another problem: a refusal after it is news again
                 failures += 1
                 delay = min(0.5 * 2 ** min(failures, 6), 30.0) * (0.5 + random.random() / 2)
                 level = logging.DEBUG if err.status == 410 else logging.WARNING
@@ -172,19 +201,25 @@ class Reflector:
         while not self._stopping.is_set():
             query = {**self._query(), "watch": "1", "resourceVersion": version, "allowWatchBookmarks": "true",
                      "timeoutSeconds": str(random.randint(240, 360))}
-            lines = self.kube.stream_lines(self.kind.path(self.namespace), query, (10, 400),
-                                           on_open=lambda raw: setattr(self, "_response", raw))
-            for event in lines:
+            batches = self.kube.stream_events(self.kind.path(self.namespace), query, (10, 400),
+                                              on_open=lambda raw: setattr(self, "_response", raw))
+            for batch in batches:
                 if self._stopping.is_set():
                     return
-                obj = event.get("object") or {}
-                if event.get("type") == "ERROR":
-                    raise k.KubeError(obj.get("code", 500), obj.get("reason", ""), obj.get("message", ""))
-                if event.get("type") == "BOOKMARK":
-                    version = obj["metadata"]["resourceVersion"]
-                    continue
-                version = (obj.get("metadata") or {}).get("resourceVersion", version)
-                self._post(self._apply, event["type"], slim(obj))
+                changes: list[tuple[str, dict]] = []
+                try:
+                    for event in batch:
+                        obj = event.get("object") or {}
+                        if event.get("type") == "ERROR":
+                            raise k.KubeError(obj.get("code", 500), obj.get("reason", ""), obj.get("message", ""))
+                        if event.get("type") == "BOOKMARK":
+                            version = obj["metadata"]["resourceVersion"]
+                            continue
+                        version = (obj.get("metadata") or {}).get("resourceVersion", version)
+                        changes.append((event["type"], slim(obj)))
+                finally:
+                    if changes:  # one hop to the loop per chunk, not per event
+                        self._post(self._apply, changes)
 
 
 class Caches:
@@ -192,7 +227,8 @@ class Caches:
 
     def __init__(self, kube: k.Kube, label_selector: str, namespace: str | None = None, events: bool = True):
         self.kube = kube
-        self._changed: asyncio.Event | None = None
+        # Waiters wake on changes in their namespace (None: on any change), not on every event.
+        self._changed: dict[str | None, asyncio.Event] = {}
         sel = label_selector
 
         def watched_event(ev: dict) -> bool:
@@ -208,7 +244,9 @@ class Caches:
         self.services = Reflector(kube, k.SERVICE, self._notify, namespace, sel)
         # Whether a machine's node still answers: KubeVirt leaves the VMI Running on a lost node.
         self.nodes = Reflector(kube, k.NODE, self._notify, optional=True)
-        self.reflectors = [self.vms, self.vmis, self.dvs, self.pvcs, self.services, self.nodes]
+        # How CDI clones into each StorageClass (copy, or copy-on-write): the clone queue needs it.
+        self.storage_profiles = Reflector(kube, k.STORAGE_PROFILE, self._notify, optional=True)
+        self.reflectors = [self.vms, self.vmis, self.dvs, self.pvcs, self.services, self.nodes, self.storage_profiles]
         self.events = None
         if events:
             # Warnings only: they say why a start waits or fails, and they are a small share of a
@@ -223,7 +261,6 @@ class Caches:
         if self.started:
             return
         loop = asyncio.get_running_loop()
-        self._changed = asyncio.Event()
         for r in self.reflectors:
             r.start(loop)
         self.started = True
@@ -246,27 +283,40 @@ class Caches:
         return ", ".join(f"{r.kind.plural} ({r.last_error or 'no answer yet'})" for r in self.reflectors
                          if not r.synced) or "none"
 
-    def notify(self):
-        """Wake every waiter to re-check (for changes that are not in the cluster)."""
-        self._notify()
+    def clone_strategy(self, storage_class: str) -> str | None:
+        """CDI's clone strategy for a StorageClass (its StorageProfile's status), when known."""
+        return field_value(self.storage_profiles.get("", storage_class), "status.cloneStrategy")
 
-    def _notify(self):
-        if self._changed is not None:
-            self._changed.set()
-            self._changed = asyncio.Event()
+    def notify(self, namespace: str | None = None):
+        """Wake the waiters of a namespace (None: every waiter) to re-check, for changes that are
+        not in the cluster."""
+        self._notify(namespace)
 
-    def _change_event(self) -> asyncio.Event:
-        """The event the next change sets (the caches start with the first waiter)."""
+    def _notify(self, namespace: str | None):
+        if namespace is None:
+            events, self._changed = list(self._changed.values()), {}
+        else:
+            events = [e for e in (self._changed.pop(namespace, None), self._changed.pop(None, None)) if e]
+        for event in events:
+            event.set()
+
+    def _change_event(self, namespace: str | None = None) -> asyncio.Event:
+        """The event the next change in `namespace` (None: anywhere) sets; the caches start with
+        the first waiter."""
         self.start()
-        assert self._changed is not None  # start() made it
-        return self._changed
+        event = self._changed.get(namespace)
+        if event is None:
+            event = self._changed[namespace] = asyncio.Event()
+        return event
 
-    async def wait_for(self, predicate: Callable[[], T | None], timeout: float | None = None) -> T:
-        """Wait until `predicate()` returns something truthy, re-checking on every cache change.
-        Raises the KubeError of a needed cache the hub may not read: nothing would ever change."""
+    async def wait_for(self, predicate: Callable[[], T | None], timeout: float | None = None,
+                       namespace: str | None = None) -> T:
+        """Wait until `predicate()` returns something truthy, re-checking on every change in
+        `namespace` (all of them when None; cluster-scoped changes wake every waiter). Raises the
+        KubeError of a needed cache the hub may not read: nothing would ever change."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            changed = self._change_event()
+            changed = self._change_event(namespace)
             result = predicate()
             if result:
                 return result
@@ -284,10 +334,10 @@ class Caches:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise
 
-    async def next_change(self, timeout: float = 30.0):
-        """Return after the next change (or `notify()`), or after `timeout` seconds."""
+    async def next_change(self, timeout: float = 30.0, namespace: str | None = None):
+        """Return after the next change in `namespace` (or `notify()`), or after `timeout` seconds."""
         try:
-            await asyncio.wait_for(self._change_event().wait(), timeout)
+            await asyncio.wait_for(self._change_event(namespace).wait(), timeout)
         except asyncio.TimeoutError:
             return  # nothing changed: the caller looks again anyway
 

@@ -88,7 +88,12 @@ class KubeVirtSpawner(Spawner):
     gpu_unavailable = Enum(["wait", "fail"], default_value="wait", config=True, help="""
         When no requested GPU is free: keep waiting until start_timeout, or fail at once.""")
     max_concurrent_clones = Integer(4, config=True, help="""
-        Most root-disk clones from golden images at a time across the hub; later starts queue.""")
+        Most host-assisted (copy) root-disk clones at a time across the hub; later starts queue.
+        CDI copies when the StorageProfile of the disk's StorageClass says `copy` (or when the hub
+        cannot read StorageProfiles): pods stream every byte, the load worth limiting.""")
+    max_concurrent_csi_clones = Integer(0, config=True, help="""
+        Most CSI or snapshot (copy-on-write) root-disk clones at a time across the hub; 0: no limit.
+        On Ceph RBD a CSI clone takes seconds and hardly loads the cluster.""")
     clone_stall_timeout = Float(600.0, config=True, help="""
         Seconds a root-disk clone may show no progress before the start fails with CDI's reason (CDI
         never fails a clone that cannot proceed; it keeps trying and says why in Warning events).""")
@@ -171,6 +176,8 @@ class KubeVirtSpawner(Spawner):
             raise TraitError(str(exc)) from None
         if self.max_concurrent_clones < 1:
             raise TraitError("KubeVirtSpawner.max_concurrent_clones must be at least 1")
+        if self.max_concurrent_csi_clones < 0:
+            raise TraitError("KubeVirtSpawner.max_concurrent_csi_clones must be 0 (no limit) or more")
         if self.clone_stall_timeout >= self.start_timeout:
             raise TraitError(f"KubeVirtSpawner.clone_stall_timeout ({self.clone_stall_timeout:.0f}) must be shorter "
                              f"than start_timeout ({self.start_timeout}), or a stuck clone is never noticed")
@@ -193,7 +200,9 @@ class KubeVirtSpawner(Spawner):
             kube = k.Kube(k.load_api_client(self.kubeconfig, self.kube_context), self.log,
                           self.k8s_api_request_timeout, self.k8s_api_retry_timeout)
             caches = Caches(kube, m.LABEL_WORKSTATION, ns_scope, events=self.events_enabled)
-            shared = _shared[key] = {"kube": kube, "caches": caches, "gate": CloneGate(self.max_concurrent_clones)}
+            gate = CloneGate(self.max_concurrent_clones, self.max_concurrent_csi_clones)
+            gate.attach(caches)
+            shared = _shared[key] = {"kube": kube, "caches": caches, "gate": gate}
         shared["caches"].start()
         return shared
 
@@ -340,11 +349,15 @@ class KubeVirtSpawner(Spawner):
             return url
         finally:
             self._starting = False
-            self._shared()["caches"].notify()
+            self._wake_progress()
 
     def _report(self, percent: int, message: str):
         self._progress.append({"progress": percent, "message": message})
-        self._shared()["caches"].notify()
+        self._wake_progress()
+
+    def _wake_progress(self):
+        """Wake this server's progress stream (it waits on changes in its namespace)."""
+        self._shared()["caches"].notify(self._ident.namespace if self._ident else None)
 
     async def progress(self):
         """Our own steps, and the cluster's Events about this workstation since the start began."""
@@ -369,7 +382,7 @@ class KubeVirtSpawner(Spawner):
                     yield {"progress": percent, "message": f"{ev.get('reason')}: {ev.get('message')}"}
             if not self._starting:
                 return
-            await caches.next_change()
+            await caches.next_change(namespace=self._ident.namespace if self._ident else None)
 
     async def poll(self):
         if self._starting:

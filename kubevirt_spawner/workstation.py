@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import hashlib
 import json
 import logging
@@ -24,6 +23,7 @@ from jupyterhub.spawner import SpawnException
 
 from . import kube as k
 from . import manifests as m
+from .clonegate import CloneGate
 from .objects import condition, field_value
 from .quantity import parse_quantity
 from .reflector import Caches, Reflector
@@ -32,9 +32,6 @@ ANNOTATION_SPEC_HASH = m.LABEL_PREFIX + "spec-hash"
 SNAPSHOT = k.Kind("VirtualMachineSnapshot", "snapshot.kubevirt.io", "v1beta1", "virtualmachinesnapshots")
 FINAL_PHASES = ("Succeeded", "Failed")
 STALL_CHECK_SECONDS = 5.0
-# How long an object that already exists may take to show in the caches (a create repeated after
-# a timeout finds its first attempt's object); one that never shows is not this workstation's.
-EXISTING_OBJECT_SECONDS = 10.0
 # DataVolume phases of a CSI or snapshot clone (copy-on-write, progress "N/A"), and of a disk that
 # waits for its first consumer (no clone stalls there).
 COPY_ON_WRITE_PHASES = ("CSICloneInProgress", "SnapshotForSmartCloneInProgress", "CSICloneSourceInUse")
@@ -72,54 +69,6 @@ def _ignore_report(percent: int, message: str):
 
 def spec_hash(vm: dict) -> str:
     return hashlib.sha256(json.dumps(vm["spec"]["template"], sort_keys=True).encode()).hexdigest()[:16]
-
-
-class CloneGate:
-    """At most `limit` golden-image clones at a time across the hub (concurrent clones of one
-    image can overwhelm Ceph). Later starts queue in arrival order."""
-
-    def __init__(self, limit: int = 4):
-        self.limit = limit
-        self.queue: list[object] = []
-        self.admitted: set[tuple[str, str]] = set()
-        self.stalled: set[tuple[str, str]] = set()  # clones a start gave up on: they take no place
-
-    def running(self, caches: Caches) -> int:
-        in_cluster = {(dv["metadata"]["namespace"], dv["metadata"]["name"]) for dv in caches.dvs.values()
-                      if "pvc" in (field_value(dv, "spec.source") or {})
-                      and field_value(dv, "status.phase") not in FINAL_PHASES} - self.stalled
-        # An admitted clone counts until its DataVolume shows up in the cache.
-        pending = [key for key in self.admitted if caches.dvs.get(*key) is None]
-        return len(in_cluster) + len(pending)
-
-    async def admit(self, key: tuple[str, str], caches: Caches, report: Report):
-        self.queue.append(key)
-        try:
-            last = None
-            while True:
-                ahead, running = self._position(key, caches)
-                if ahead == 0 and running < self.limit:
-                    break
-                if (ahead, running) != last:
-                    report(5, f"Queued for disk clone: {ahead + max(0, running - self.limit + 1)} ahead "
-                              f"({running} of {self.limit} clones running)")
-                    last = (ahead, running)
-                await caches.wait_for(functools.partial(self._moved, key, caches, (ahead, running)))
-            self.admitted.add(key)
-            self.stalled.discard(key)  # a new clone of that disk (the stuck one was removed)
-        finally:
-            self.queue.remove(key)
-            caches.notify()  # the next in the queue may go now
-
-    def _position(self, key: tuple[str, str], caches: Caches) -> tuple[int, int]:
-        """Starts ahead of this one in the queue, and clones running."""
-        return self.queue.index(key), self.running(caches)
-
-    def _moved(self, key: tuple[str, str], caches: Caches, since: tuple[int, int]) -> bool:
-        return self._position(key, caches) != since
-
-    def release(self, key: tuple[str, str]):
-        self.admitted.discard(key)
 
 
 @dataclass
@@ -266,7 +215,7 @@ class Workstation:
                 self._refuse_double_attach()
                 report(1, "Preparing your workstation")
                 new = self.vm is None
-                await self._provision(report)
+                await self._provision(report, deadline)
                 await self._write_env(env, args, new)
                 await self._wait_for_shutdown(report, deadline)
                 await self._request_start(report, deadline)
@@ -285,12 +234,15 @@ class Workstation:
     async def _wait_until(self, predicate: Callable[[], object], deadline: float, waiting_for: str):
         """A wait of the start, bounded by the start's deadline."""
         try:
-            return await self.caches.wait_for(predicate, max(0.0, deadline - time.monotonic()))
+            return await self.caches.wait_for(predicate, max(0.0, deadline - time.monotonic()), self.ident.namespace)
         except asyncio.TimeoutError:
-            raise WorkstationError(
-                f"Your workstation did not start within {self.settings.start_timeout:.0f} seconds while waiting "
-                f"for {waiting_for}. Try again in a minute; if it keeps failing, tell your administrator.",
-                reason="timeout", status_code=504) from None
+            raise self._timed_out(waiting_for) from None
+
+    def _timed_out(self, waiting_for: str) -> WorkstationError:
+        return WorkstationError(
+            f"Your workstation did not start within {self.settings.start_timeout:.0f} seconds while waiting "
+            f"for {waiting_for}. Try again in a minute; if it keeps failing, tell your administrator.",
+            reason="timeout", status_code=504)
 
     def _refuse_double_attach(self):
         for vmi in self.attached_elsewhere():
@@ -307,18 +259,18 @@ class Workstation:
                     f"Your workstation's disk is in use by another virtual machine ({name} on {node}). "
                     f"Stop it first, or ask your administrator.", reason="disk-in-use", status_code=409)
 
-    async def _provision(self, report: Report):
+    async def _provision(self, report: Report, deadline: float):
         """Create whatever is missing; adopt what exists (after a hub restart, or a second start)."""
         refused = await self._ensure_namespace() if self.vm is None else None
         try:
-            await self._provision_objects(report)
+            await self._provision_objects(report, deadline)
         except k.KubeError as err:
             # The namespace is missing because the hub was not allowed to create it: say that.
             if refused is not None and err.not_found and f'namespaces "{self.ident.namespace}"' in err.message:
                 raise refused from err
             raise
 
-    async def _provision_objects(self, report: Report):
+    async def _provision_objects(self, report: Report, deadline: float):
         ident, spec = self.ident, self.spec
         vm = self.vm
         disk = self.rootdisk or self.rootdisk_pvc
@@ -328,7 +280,13 @@ class Workstation:
                 "Ask your administrator to restore it from a snapshot or to reset your system.",
                 reason="disk-missing", status_code=409)
         if disk is None:
-            await self.settings.clone_gate.admit((ident.namespace, ident.rootdisk), self.caches, report)
+            gate = self.settings.clone_gate
+            gate.attach(self.caches)
+            try:
+                await asyncio.wait_for(gate.admit((ident.namespace, ident.rootdisk), spec.storage_class, report),
+                                       max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                raise self._timed_out("a free place in the clone queue") from None
             report(5, f"Cloning your system disk from {spec.golden_name}")
             await self._ensure(k.DV, m.root_datavolume(ident, spec), self.caches.dvs)
         await self._unretire()
@@ -375,8 +333,9 @@ class Workstation:
         return None
 
     async def _ensure(self, kind: k.Kind, obj: dict, cache: Reflector) -> dict:
-        """Create the object; when it exists, the cached one, which must be this workstation's. The
-        caches see every object with this project's label, so the hub never needs to read one."""
+        """Create the object; when it exists, the existing one, which must be this workstation's.
+        It is looked for in the cache, else listed by name (a cache may lag behind a create that
+        was repeated after a timeout): the hub never needs to GET single objects."""
         meta = obj["metadata"]
         try:
             created = await self.kube.create(kind, obj)
@@ -385,11 +344,13 @@ class Workstation:
         except k.KubeError as err:
             if err.status != 409 or err.reason != "AlreadyExists":
                 raise
-        try:
-            existing = await self.caches.wait_for(lambda: cache.get(meta["namespace"], meta["name"]),
-                                                  EXISTING_OBJECT_SECONDS)
-        except asyncio.TimeoutError:
-            existing = {"kind": kind.kind, "metadata": {"namespace": meta["namespace"], "name": meta["name"]}}
+        existing = cache.get(meta["namespace"], meta["name"])
+        if existing is None:
+            found = await self.kube.list(kind, meta["namespace"], field_selector=f"metadata.name={meta['name']}")
+            existing = next(iter(found.get("items") or []), None)
+        if existing is None:  # deleted in between: once more
+            return await self.kube.create(kind, obj)
+        existing.setdefault("kind", kind.kind)
         self._check_owner(existing)
         return existing
 
@@ -484,7 +445,7 @@ class Workstation:
                                        status_code=504)
             try:
                 # Woken by every change, and now and then without one: a stuck clone changes nothing.
-                return await self.caches.wait_for(steps.check, min(remaining, STALL_CHECK_SECONDS))
+                return await self.caches.wait_for(steps.check, min(remaining, STALL_CHECK_SECONDS), self.ident.namespace)
             except asyncio.TimeoutError:
                 continue
 
@@ -517,12 +478,12 @@ class Workstation:
                              ident.vm, field_value(self.vmi, "status.nodeName"))
             return
         try:
-            await self.caches.wait_for(self._gone, self.settings.stop_timeout)
+            await self.caches.wait_for(self._gone, self.settings.stop_timeout, ident.namespace)
         except asyncio.TimeoutError:
             self.log.warning("%s did not shut down within %ss: forcing it off", ident.vm, self.settings.stop_timeout)
             await self._stop_call(True)
             try:
-                await self.caches.wait_for(self._gone, 60)
+                await self.caches.wait_for(self._gone, 60, ident.namespace)
             except asyncio.TimeoutError:
                 self.log.error("%s is still there a minute after it was forced off: check its node and its "
                                "virt-launcher pod", ident.vm)
@@ -675,7 +636,7 @@ class _StartSteps:
         stalled = now - self.clone_since
         if stalled < ws.settings.clone_stall_timeout:
             return
-        ws.settings.clone_gate.stalled.add((ws.ident.namespace, ws.ident.rootdisk))
+        ws.settings.clone_gate.give_up((ws.ident.namespace, ws.ident.rootdisk))
         raise WorkstationError(
             f"Cloning your system disk from {ws.spec.golden_name} has made no progress for {stalled:.0f} seconds "
             f"({self._clone_trouble(dv)}). Ask your administrator to check the golden image and the storage.",

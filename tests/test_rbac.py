@@ -20,7 +20,16 @@ from kubevirt_spawner import names
 from kubevirt_spawner.reflector import Caches
 from kubevirt_spawner.workstation import SNAPSHOT, Settings, Workstation, WorkstationError
 
-from simtools import HUB_NAMESPACE, HUB_SERVICE_ACCOUNT, apply, hub_kubeconfig, hub_rbac_objects, sim_api, start_sim
+from simtools import (
+    HUB_NAMESPACE,
+    HUB_SERVICE_ACCOUNT,
+    apply,
+    http,
+    hub_kubeconfig,
+    hub_rbac_objects,
+    sim_api,
+    start_sim,
+)
 
 HUB_USER = f"system:serviceaccount:{HUB_NAMESPACE}:{HUB_SERVICE_ACCOUNT}"
 
@@ -111,7 +120,6 @@ async def test_the_hub_runs_on_deploy_rbac_and_uses_every_permission_it_grants(r
     granted = {(verb, group, resource) for rule in cluster_role["rules"] for verb in rule["verbs"]
                for group in rule["apiGroups"] for resource in rule["resources"]}
     assert granted - used == set(), "granted but never used"
-    assert used - granted == set()
 
 
 def _without(objects: list[dict], kind: str, index: int, verb: str) -> list[dict]:
@@ -144,10 +152,49 @@ async def test_every_permission_is_needed_and_its_absence_is_explained(rsim, tmp
         for obj in hub_rbac_objects():  # put the full RBAC back for the next test
             apply(rsim, obj)
     assert outcome.complaints, f"nothing failed without {verb} on {resources}"
-    named = [line for line in outcome.complaints if any(r.split("/")[0] in line for r in resources)]
-    assert named, outcome.complaints
+    # The complaint names what is missing: the authorizer's words, a cache that cannot be read, or
+    # CDI's clone check.
+    wanted = [f'cannot {verb} resource "{r}"' for r in resources] + [f"cannot read {r} " for r in resources]
+    if resources == ["datavolumes/source"]:
+        wanted.append("insufficient permissions in clone source namespace vm-images")
+    assert [line for line in outcome.complaints if any(w in line for w in wanted)], outcome.complaints
     if outcome.error is not None:
         assert outcome.error.reason == "forbidden"
         assert "Tell your administrator" in outcome.error.message
         refusals = [line for line in outcome.lines if "permission missing" in line or "cannot read" in line]
         assert refusals and len(set(refusals)) == len(refusals), outcome.lines  # each refused request once
+
+
+async def test_only_the_authorizers_refusals_are_missing_permissions(rsim, tmp_path):
+    """A 403 is a missing permission only in the authorizer's words (responsewriters/errors.go);
+    a quota's 403 (plugin/pkg/admission/resourcequota) is not. CDI's 422 for a clone from a
+    namespace the hub may not read is one."""
+    admin = k.Kube(k.load_api_client(rsim.kubeconfig), logging.getLogger("admin"))
+    ns = f"q-{uuid.uuid4().hex[:6]}"
+    await admin.create(k.NAMESPACE, {"metadata": {"name": ns}})
+    await admin.create(k.Kind("ResourceQuota", "", "v1", "resourcequotas"),
+                       {"metadata": {"name": "none", "namespace": ns}, "spec": {"hard": {"persistentvolumeclaims": "0"}}})
+    claim = {"metadata": {"name": "c", "namespace": ns}, "spec": {"accessModes": ["ReadWriteOnce"],
+                                                                 "resources": {"requests": {"storage": "1Gi"}}}}
+    with pytest.raises(k.KubeError) as quota:
+        await admin.create(k.PVC, claim)
+    assert quota.value.status == 403 and "exceeded quota" in quota.value.message
+    assert not quota.value.permission_denied
+
+    hub = k.Kube(k.load_api_client(hub_kubeconfig(rsim, tmp_path / "hub.kubeconfig")), logging.getLogger("hub"))
+    with pytest.raises(k.KubeError) as rbac:
+        await hub.create(k.PVC, claim)
+    assert rbac.value.status == 403 and rbac.value.permission_denied
+    golden_role = next(o for o in hub_rbac_objects() if o["kind"] == "RoleBinding")
+    bindings = f"{rsim.url}/apis/rbac.authorization.k8s.io/v1/namespaces/vm-images/rolebindings/"
+    http(rsim).delete(bindings + golden_role["metadata"]["name"]).raise_for_status()
+    ident = names.identity(f"c{uuid.uuid4().hex[:6]}")
+    await admin.create(k.NAMESPACE, m.namespace(ident))
+    try:
+        with pytest.raises(k.KubeError) as clone:
+            await hub.create(k.DV, m.root_datavolume(ident, m.MachineSpec()))
+    finally:
+        apply(rsim, golden_role)
+    assert clone.value.status == 422 and clone.value.permission_denied
+    admin.close()
+    hub.close()

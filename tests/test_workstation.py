@@ -17,7 +17,6 @@ from kubevirt_spawner import kube as k
 from kubevirt_spawner import manifests as m
 from kubevirt_spawner import names
 from kubevirt_spawner import spawner as spawner_module
-from kubevirt_spawner import workstation as workstation_module
 from kubevirt_spawner.objects import field_value
 from kubevirt_spawner.reflector import Caches
 from kubevirt_spawner.spawner import KubeVirtSpawner
@@ -72,6 +71,14 @@ def diff(before: dict, after: dict) -> dict:
 
 def writes(delta: dict) -> dict:
     return {k: v for k, v in delta.items() if k.split()[0] in WRITES}
+
+
+def forget_shared():
+    """A new hub: the spawners' shared client and caches are gone (stopped, not left running)."""
+    for shared in spawner_module._shared.values():
+        shared["caches"].stop()
+        shared["kube"].close()
+    spawner_module._shared.clear()
 
 
 async def ensure_namespace(env, name: str):
@@ -131,7 +138,7 @@ async def test_no_wait_is_unbounded_when_the_cluster_cannot_be_read(wsim, caplog
         c = Config()
         c.KubeVirtSpawner.kubeconfig = wsim.kubeconfig
         c.KubeVirtSpawner.k8s_api_retry_timeout = 1.0
-        spawner_module._shared.clear()
+        forget_shared()
         spawner = KubeVirtSpawner(config=c, user=types.SimpleNamespace(name="una", url="/user/una/"))
         spawner.load_state({"workstation": names.identity("una").to_state()})
         assert await asyncio.wait_for(spawner.poll(), 10) is None
@@ -140,9 +147,7 @@ async def test_no_wait_is_unbounded_when_the_cluster_cannot_be_read(wsim, caplog
         sim_api(wsim, "DELETE", "/faults/api")
         caches.stop()
         kube.close()
-        for shared in spawner_module._shared.values():
-            shared["caches"].stop()
-        spawner_module._shared.clear()
+        forget_shared()
 
 
 async def test_poll_reads_the_cache_only_and_waits_for_it_after_a_restart(env, wsim):
@@ -150,7 +155,7 @@ async def test_poll_reads_the_cache_only_and_waits_for_it_after_a_restart(env, w
     await ws.start({}, [])
     c = Config()
     c.KubeVirtSpawner.kubeconfig = wsim.kubeconfig
-    spawner_module._shared.clear()
+    forget_shared()
     # A fresh hub whose caches cannot list VMIs yet: poll must wait, not say "stopped".
     sim_api(wsim, "PUT", "/faults/api", {"verb": "list", "resource": "virtualmachineinstances", "rate": 1,
                                          "code": 500})
@@ -181,7 +186,7 @@ async def test_poll_reads_the_cache_only_and_waits_for_it_after_a_restart(env, w
     assert await spawner.poll() == 0
     for shared in spawner_module._shared.values():
         shared["caches"].stop()
-    spawner_module._shared.clear()
+    forget_shared()
 
 
 async def test_concurrent_starts_act_once(env):
@@ -195,8 +200,24 @@ async def test_concurrent_starts_act_once(env):
     await a.stop()
 
 
-async def test_clone_admission_queues_starts_beyond_the_limit(env):
-    gate = CloneGate(limit=2)
+@pytest.fixture
+async def copy_clones(env):
+    """CDI clones into ceph-rbd with host-assisted copies (its StorageProfile says `copy`), as it
+    does on storage without CSI clones (pkg/controller/storageprofile-controller.go)."""
+    profile = k.STORAGE_PROFILE
+
+    async def strategy(value):
+        await env.kube.patch(profile, None, "ceph-rbd", {"spec": {"cloneStrategy": value}})
+        expected = value or "csi-clone"
+        await env.caches.wait_for(lambda: env.caches.clone_strategy("ceph-rbd") == expected, 10)
+
+    await strategy("copy")
+    yield
+    await strategy(None)
+
+
+async def test_clone_admission_queues_copy_clones_beyond_the_limit(env, copy_clones):
+    gate = CloneGate(copy_limit=2)
     messages: dict[str, list[str]] = {}
     most = 0
 
@@ -322,7 +343,7 @@ async def test_a_stuck_clone_fails_the_start_with_cdis_words_and_does_not_hold_u
     gives up after `clone_stall_timeout` without progress, quotes CDI, and the clone no longer
     takes a place in the clone queue: the next user's clone runs."""
     sim_api(env.sim, "POST", "/clones/fail-next", {"count": 1})
-    gate = CloneGate(1)
+    gate = CloneGate(csi_limit=1)
     ws = workstation(env, "yuri", clone_gate=gate, clone_stall_timeout=2)
     with user_error("clone-failed", "Cloning your system disk from ubuntu-24-04-cuda-golden has made no progress "
                                     r"for \d+ seconds \(ProvisioningFailed: failed to provision volume"):
@@ -336,10 +357,22 @@ async def test_a_stuck_clone_fails_the_start_with_cdis_words_and_does_not_hold_u
     await other.stop(now=True)
 
 
-async def test_an_object_of_someone_else_is_never_adopted(env, monkeypatch):
-    """The hub never reads single objects: an object that exists is looked for in the caches,
-    which see everything with this project's label. One that never shows there is foreign."""
-    monkeypatch.setattr(workstation_module, "EXISTING_OBJECT_SECONDS", 1.0)
+async def test_csi_clones_are_not_queued_by_default(env):
+    """On Ceph RBD CDI clones with CSI clones (copy-on-write; the StorageProfile's cloneStrategy
+    `csi-clone`): a login rush of first starts does not queue behind a limit meant for copies."""
+    gate = CloneGate()  # copy limit 4, CSI unlimited
+    users = [f"rush{i}" for i in range(6)]
+    seen: list[str] = []
+    wss = [workstation(env, u, clone_gate=gate) for u in users]
+    await asyncio.gather(*(ws.start({}, [], lambda p, msg: seen.append(msg)) for ws in wss))
+    assert not [msg for msg in seen if msg.startswith("Queued")], seen
+    await asyncio.gather(*(ws.stop(now=True) for ws in wss))
+
+
+async def test_an_object_of_someone_else_is_never_adopted(env):
+    """The hub never GETs single objects: an object that exists is looked for in the caches (which
+    see everything with this project's label) and else listed by name; it must carry this
+    workstation's label."""
     ident = names.identity("zoe")
     await ensure_namespace(env, ident.namespace)
     await env.kube.create(k.SERVICE, {"metadata": {"name": ident.service, "namespace": ident.namespace},
@@ -348,6 +381,19 @@ async def test_an_object_of_someone_else_is_never_adopted(env, monkeypatch):
     with user_error("name-taken", f"Service {ident.namespace}/{ident.service} already exists and does not belong "
                                   "to this workstation"):
         await ws.start({}, [])
+
+
+async def test_an_object_of_its_own_missing_from_a_lagging_cache_is_adopted(env, monkeypatch):
+    """A create repeated after a timeout may find its first attempt's object before the watch
+    brings it: listed by name, it is recognised as this workstation's, not called foreign."""
+    ws = workstation(env, "lex")
+    await ensure_namespace(env, ws.ident.namespace)
+    await env.kube.create(k.SERVICE, m.service(ws.ident, ws.spec))
+    monkeypatch.setattr(env.caches.services, "get", lambda namespace, name: None)  # the watch lags
+    before = counts(env.sim)
+    found = await ws._ensure(k.SERVICE, m.service(ws.ident, ws.spec), env.caches.services)
+    assert found["metadata"]["name"] == ws.ident.service
+    assert diff(before, counts(env.sim)) == {"create services": 1, "list services": 1}
 
 
 async def test_retire_deletes_the_machine_and_keeps_disks_and_snapshots(env):

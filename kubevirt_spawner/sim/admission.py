@@ -54,11 +54,16 @@ def _authorize_clone(store, obj: dict, user: User | None, creating: bool):
     """CDI's DataVolume mutating webhook (pkg/apiserver/webhooks/datavolume-mutate.go, with the
     checks of core/v1beta1/authorize.go), on create and on every update: whoever clones a PVC from
     another namespace must be allowed to create `datavolumes/source` there, or else pods. On a
-    create it signs the clone with a token annotation, which the clone controller requires."""
+    create it signs the clone with a token annotation (for the clone controller, which the
+    simulator's does not check)."""
     source = field_value(obj, "spec.source.pvc") or {}
     target_ns = obj["metadata"].get("namespace", "")
     source_ns = source.get("namespace") or target_ns
-    if not source.get("name") or source_ns == target_ns:
+    if not source.get("name") or obj["metadata"].get("deletionTimestamp"):
+        return
+    if source_ns == target_ns:  # nothing to check within one namespace; still signed
+        if creating:
+            obj["metadata"].setdefault("annotations", {})[CLONE_TOKEN] = secrets.token_urlsafe(48)
         return
     if store.get(BY_KIND["Namespace"], "", source_ns) is None:
         raise errors.ApiError(400, "", f'admission webhook "{CDI_MUTATING_WEBHOOK}" denied the request: '
