@@ -23,7 +23,6 @@ from urllib.parse import quote, urlencode
 import orjson
 import urllib3
 from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
 
 
 @dataclass(frozen=True)
@@ -60,6 +59,7 @@ STORAGE_PROFILE = Kind("StorageProfile", "cdi.kubevirt.io", "v1beta1", "storagep
 VM_SUBRESOURCES = Kind("VirtualMachine", "subresources.kubevirt.io", "v1", "virtualmachines")
 
 RETRY_STATUS = {429, 500, 502, 503, 504}
+AUTH_REFRESH_SECONDS = 30.0
 _AUTHORIZER_REFUSAL = re.compile(r'forbidden: User ".*" cannot \S+ (resource|path) ')
 
 
@@ -126,14 +126,12 @@ def _error_from(status: int, data: bytes, fallback: str = "", request: str = "")
     return KubeError(status, fallback, text.strip() or fallback, request=request)
 
 
-def _error_from_exception(exc: ApiException, request: str = "") -> KubeError:
-    body = exc.body.encode() if isinstance(exc.body, str) else exc.body or b""
-    return _error_from(exc.status or 0, body, exc.reason or "", request)
-
-
 def load_api_client(kubeconfig: str | None = None, context: str | None = None) -> client.ApiClient:
     """In-cluster credentials when running in a pod without a kubeconfig, else the kubeconfig."""
     cfg = client.Configuration()
+    # Connections for every thread at once (the request pool and a watch per cache): a request
+    # that finds the pool full opens, and then throws away, a TLS connection of its own.
+    cfg.connection_pool_maxsize = 32
     if kubeconfig is None:
         try:
             config.load_incluster_config(client_configuration=cfg)
@@ -153,22 +151,37 @@ class Kube:
         self.retry_timeout = retry_timeout
         self.executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="kube")
         self._closed = threading.Event()
+        self._auth: tuple[float, dict[str, str]] = (0.0, {})
+
+    def _auth_headers(self) -> dict[str, str]:
+        """The credentials' headers, refreshed every AUTH_REFRESH_SECONDS: the client's refresh hook
+        re-reads the kubeconfig or the token file, which costs as much as the rest of a request.
+        (A ServiceAccount token is rotated hourly, an exec plugin's lasts minutes.)"""
+        fetched, headers = self._auth
+        if time.monotonic() - fetched < AUTH_REFRESH_SECONDS:
+            return headers
+        headers = {auth["key"]: auth["value"] for auth in self.api.configuration.auth_settings().values()
+                   if auth.get("in") == "header" and auth.get("value")}
+        self._auth = (time.monotonic(), headers)
+        return headers
 
     # ------------------------------------------------------------ blocking core
     def _send(self, method: str, path: str, query: dict | None, body, content_type: str | None,
-              timeout, stream: bool = False):
-        url = path + ("?" + urlencode(query) if query else "")
-        headers = {"Accept": "application/json"}
+              timeout, stream: bool = False) -> urllib3.BaseHTTPResponse:
+        """One HTTP exchange over the client's connection pool (its TLS settings and proxies), with
+        its credentials (a refreshed token when it has a refresh hook). The body is encoded here,
+        once: the generated client's per-request model walk is most of a request's CPU."""
+        cfg = self.api.configuration
+        url = cfg.host + path + ("?" + urlencode(query) if query else "")
+        headers = {"Accept": "application/json", "User-Agent": self.api.user_agent, **self._auth_headers()}
+        data = None
         if body is not None:
             headers["Content-Type"] = content_type or "application/json"
-        method_, url_, headers_, body_, post = self.api.param_serialize(
-            method, url, header_params=headers, body=body, auth_settings=["BearerToken"])
-        resp = self.api.call_api(method_, url_, header_params=headers_, body=body_, post_params=post,
-                                 _request_timeout=timeout)
-        if stream:
-            return resp.response
-        resp.read()
-        return resp
+            data = orjson.dumps(body)
+        connect, read = timeout if isinstance(timeout, tuple) else (timeout, timeout)
+        return self.api.rest_client.pool_manager.request(
+            method, url, body=data, headers=headers, timeout=urllib3.Timeout(connect=connect, read=read),
+            preload_content=not stream, retries=False)
 
     def request(self, method: str, path: str, query: dict | None = None, body=None,
                 content_type: str | None = None, repeatable: bool = True) -> dict | None:
@@ -193,12 +206,12 @@ class Kube:
                         return None
                 err = _error_from(status, data, resp.reason or "")
                 retry_after = _seconds(resp.headers.get("Retry-After"))
-            except ApiException as exc:
-                err = _error_from_exception(exc)
-                retry_after = _seconds((exc.headers or {}).get("Retry-After"))
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 err = KubeError(0, "ConnectionError", f"cannot reach the API server: {exc}")
             err.request = f"{method} {path}"
+            if err.status == 401 and self._auth[0] and attempt == 1:
+                self._auth = (0.0, {})  # the token was rotated since it was read: read it again, once
+                continue
             if err.status != 429 and (not repeatable or (err.status not in RETRY_STATUS and err.status != 0)):
                 raise err
             delay = max(min(0.2 * 2 ** (attempt - 1), 5.0) * (0.5 + random.random() / 2), retry_after)
@@ -214,14 +227,14 @@ class Kube:
         request = f"WATCH {path}"
         try:
             raw = self._send("GET", path, query, None, None, timeout, stream=True)
-        except ApiException as exc:
-            raise _error_from_exception(exc, request) from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise KubeError(0, "ConnectionError", f"cannot reach the API server: {exc}", request=request) from None
         if on_open is not None:
             on_open(raw)
         try:
             if raw.status >= 400:
+                if raw.status == 401:
+                    self._auth = (0.0, {})  # a rotated token: the next watch reads it again
                 raise _error_from(raw.status, raw.read(), raw.reason or "", request)
             buffer = b""
             for chunk in raw.stream(amt=None, decode_content=False):

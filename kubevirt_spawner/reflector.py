@@ -73,6 +73,9 @@ class Reflector:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._response = None
+        self._outbox: list = []  # what the thread hands to the loop, in order
+        self._outbox_lock = threading.Lock()
+        self._drain_scheduled = False
 
     def start(self, loop: asyncio.AbstractEventLoop):
         self._loop = loop
@@ -136,11 +139,25 @@ class Reflector:
             self._on_change(namespace)
 
     def _post(self, fn, *args):
+        """Run fn(*args) on the loop, after everything posted before. In a burst, one wake-up of
+        the loop carries everything that arrived meanwhile (each wake-up is a system call)."""
+        with self._outbox_lock:
+            self._outbox.append((fn, args))
+            if self._drain_scheduled:
+                return
+            self._drain_scheduled = True
         if self._loop is not None and not self._loop.is_closed():
             try:
-                self._loop.call_soon_threadsafe(fn, *args)
+                self._loop.call_soon_threadsafe(self._drain)
             except RuntimeError:  # the loop closed between the check and the call
                 self._stopping.set()
+
+    def _drain(self):
+        with self._outbox_lock:
+            work, self._outbox = self._outbox, []
+            self._drain_scheduled = False
+        for fn, args in work:
+            fn(*args)
 
     # ------------------------------------------------ in the thread
     def _query(self) -> dict:

@@ -181,6 +181,10 @@ class Cluster:
             task.cancel()
         for q in getattr(self, "queues", []):
             await q.stop()
+        shutdowns = list(self.compute._shutdowns)
+        for task in shutdowns:
+            task.cancel()
+        await asyncio.gather(*shutdowns, return_exceptions=True)
         await self.network.close_all()
         guests = list(self.compute.guests.values())
         self.compute.guests.clear()

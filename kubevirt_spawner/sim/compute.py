@@ -82,6 +82,7 @@ class Compute:
         self.guest_behaviour: dict[tuple[str, str], dict] = {}
         self.violations: list[dict] = []
         self._stopping: set[tuple[str, str]] = set()
+        self._shutdowns: set[asyncio.Task] = set()  # guests shutting down, each on its own time
         self.launchers = Launchers(cluster)
 
     # ================= VirtualMachine controller
@@ -712,15 +713,13 @@ class Compute:
                 return self._pod_gone(vmi)
             return  # virt-handler cannot be reached: the VMI stays until its pod is gone or the node is back
         if guest is not None and phase == "Running":
+            # The guest shuts down on its own time (each virt-handler drives its VMIs in parallel);
+            # the VMI is finished when it is done. The queue goes on meanwhile.
             self._stopping.add(key)
-            try:
-                await self._shut_down(guest, vmi)
-            finally:
-                self._stopping.discard(key)
-                self.guests.pop(key, None)
-            vmi = self.store.get(VMI, ns, name)
-            if vmi is None:
-                return
+            task = asyncio.get_running_loop().create_task(self._shut_down_then_finish(guest, vmi))
+            self._shutdowns.add(task)
+            task.add_done_callback(self._shutdowns.discard)
+            return
         status = copy.deepcopy(vmi.get("status") or {})
         if status.get("phase") not in FINAL:
             self._phase(status, "Succeeded")
@@ -734,6 +733,15 @@ class Compute:
         new = copy.deepcopy(vmi)
         new["metadata"]["finalizers"] = [f for f in vmi["metadata"].get("finalizers") or [] if f != VMI_FINALIZER]
         self.store.update(VMI, new, check_rv=False)
+
+    async def _shut_down_then_finish(self, guest: Guest, vmi: dict):
+        key = guest.key
+        try:
+            await self._shut_down(guest, vmi)
+        finally:
+            self._stopping.discard(key)
+            self.guests.pop(key, None)
+            self.c.vmi_queue.add(key)
 
     async def _shut_down(self, guest: Guest, vmi: dict):
         """An ACPI shutdown as virt-handler drives it (pkg/virt-handler/vm.go): the guest takes its
