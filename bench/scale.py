@@ -74,9 +74,19 @@ class Bench:
         cluster = workdir / "cluster"
         cluster.mkdir(parents=True)
         self.sim_log = open(workdir / "sim.log", "wb")
+        self.hub = self.proxy = None
         self.sim = subprocess.Popen([sys.executable, "-m", "kubevirt_spawner.cli", "--log-level", "WARNING", "sim",
                                      "--state", str(cluster), "--speed", str(speed), "--guests", "null"],
                                     stdout=self.sim_log, stderr=subprocess.STDOUT)
+        try:
+            self._start_hub(cluster)
+        except BaseException:
+            self.close()  # nothing left running behind a failed start
+            raise
+        self.results: list[str] = []
+
+    def _start_hub(self, cluster: Path):
+        workdir = self.workdir
         deadline = time.monotonic() + 60
         while not (cluster / "sim.json").exists():
             if time.monotonic() > deadline or self.sim.poll() is not None:
@@ -94,7 +104,6 @@ class Bench:
         self.http.headers["Authorization"] = f"token {self.settings.admin_token}"
         adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=128)
         self.http.mount("http://", adapter)
-        self.results: list[str] = []
 
     def close(self):
         for proc in (self.hub, self.proxy):
@@ -195,7 +204,11 @@ class Bench:
                        f"p95 {percentile(latencies, 0.95):.1f} s, max {max(latencies):.1f} s")
         per = max(1, self.n) if latencies else 1
         unit = "per workstation" if latencies else "in total"
-        reqs = ", ".join(f"{k} {v / per:.2f}" for k, v in sorted(requests_seen.items(), key=lambda kv: -kv[1]))
+        main = {k: v for k, v in requests_seen.items() if v / per >= 0.01}
+        reqs = ", ".join(f"{k} {v / per:.2f}" for k, v in sorted(main.items(), key=lambda kv: -kv[1]))
+        rest = sum(v for k, v in requests_seen.items() if k not in main)
+        if rest:  # the caches' first lists and watches, a renewed watch
+            reqs += f"; and {rest} list/watch requests of the caches in all"
         out.append(f"- API requests {unit}: {reqs or 'none'}")
         if first and last:
             d_cpu = {k: last["cpu"].get(k, 0) - first["cpu"].get(k, 0) for k in last["cpu"]}

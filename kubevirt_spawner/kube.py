@@ -131,7 +131,7 @@ def load_api_client(kubeconfig: str | None = None, context: str | None = None) -
     cfg = client.Configuration()
     # Connections for every thread at once (the request pool and a watch per cache): a request
     # that finds the pool full opens, and then throws away, a TLS connection of its own.
-    cfg.connection_pool_maxsize = 32
+    cfg.connection_pool_maxsize = 24
     if kubeconfig is None:
         try:
             config.load_incluster_config(client_configuration=cfg)
@@ -144,7 +144,7 @@ def load_api_client(kubeconfig: str | None = None, context: str | None = None) -
 
 class Kube:
     def __init__(self, api_client: client.ApiClient, log: logging.Logger | logging.LoggerAdapter,
-                 request_timeout: float = 30.0, retry_timeout: float = 60.0, max_workers: int = 16):
+                 request_timeout: float = 30.0, retry_timeout: float = 60.0, max_workers: int = 8):
         self.api = api_client
         self.log = log
         self.request_timeout = request_timeout
