@@ -305,11 +305,11 @@ class Bench:
 
 
 def machine() -> str:
-    model = ""
     try:
-        model = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:  # not Linux
+        model = ""
     return f"{os.cpu_count()} CPUs ({model or platform.processor()}), Python {platform.python_version()}"
 
 

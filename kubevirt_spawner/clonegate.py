@@ -16,10 +16,9 @@ import asyncio
 import collections
 from typing import Callable
 
-from .objects import field_value
+from .objects import FINAL_PHASES, field_value
 
 COPY, CSI = "copy", "csi"
-FINAL_PHASES = ("Succeeded", "Failed")
 # The DataVolume phase tells how CDI is cloning once it has started (CDI's populator phase map).
 PHASE_KIND = {"CloneInProgress": COPY, "CSICloneInProgress": CSI, "SnapshotForSmartCloneInProgress": CSI,
               "CSICloneSourceInUse": CSI, "SmartClonePVCInProgress": CSI, "CloneFromSnapshotSourceInProgress": CSI}

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+# Phases after which a VMI, a DataVolume or a snapshot changes no more.
+FINAL_PHASES = ("Succeeded", "Failed")
+
 
 def field_value(obj: dict | None, path: str):
     """The value at a dotted path such as `status.phase`, or None where any part is missing."""

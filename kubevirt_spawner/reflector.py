@@ -17,13 +17,12 @@ import time
 from typing import Callable, TypeVar
 
 from . import kube as k
-from .objects import field_value
+from .objects import FINAL_PHASES, field_value
 
 T = TypeVar("T")
 
 # Scheduling and attach failures are Events on the virt-launcher Pod, as on any cluster.
 WATCHED_EVENT_KINDS = {"VirtualMachine", "VirtualMachineInstance", "DataVolume", "PersistentVolumeClaim", "Pod"}
-FINAL_PHASES = ("Succeeded", "Failed")
 
 
 def _key(obj: dict) -> tuple[str, str]:

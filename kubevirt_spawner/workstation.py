@@ -24,13 +24,12 @@ from jupyterhub.spawner import SpawnException
 from . import kube as k
 from . import manifests as m
 from .clonegate import CloneGate
-from .objects import condition, field_value
+from .objects import FINAL_PHASES, condition, field_value
 from .quantity import parse_quantity
 from .reflector import Caches, Reflector
 
 ANNOTATION_SPEC_HASH = m.LABEL_PREFIX + "spec-hash"
 SNAPSHOT = k.Kind("VirtualMachineSnapshot", "snapshot.kubevirt.io", "v1beta1", "virtualmachinesnapshots")
-FINAL_PHASES = ("Succeeded", "Failed")
 STALL_CHECK_SECONDS = 5.0
 # DataVolume phases of a CSI or snapshot clone (copy-on-write, progress "N/A"), and of a disk that
 # waits for its first consumer (no clone stalls there).
