@@ -213,6 +213,11 @@ class Bench:
             reqs += f"; and {rest} list/watch requests of the caches in all"
         out.append(f"- API requests {unit}: {reqs or 'none'}")
         if first and last:
+            events = collections.Counter(last.get("watch_events") or {})
+            events.subtract(first.get("watch_events") or {})
+            seen = ", ".join(f"{k} {v / per:.1f}" for k, v in events.most_common() if v > 0)
+            out.append(f"- watch events {unit}: {seen or 'none'}")
+        if first and last:
             d_cpu = {k: last["cpu"].get(k, 0) - first["cpu"].get(k, 0) for k in last["cpu"]}
             d_samples = {k: last["main_samples"].get(k, 0) - first["main_samples"].get(k, 0)
                          for k in ("ours", "other", "debug", "idle")}

@@ -83,7 +83,20 @@ class Probe:
         handler = logging.Handler(logging.WARNING)
         handler.emit = self._slow_callback  # type: ignore[method-assign]
         logging.getLogger("asyncio").addHandler(handler)
+        self._count_watch_events()
         threading.Thread(target=self._run, name="scale-probe", daemon=True).start()
+
+    def _count_watch_events(self):
+        """Count the watch events the caches apply, by resource (on the loop, where they land)."""
+        from kubevirt_spawner import reflector
+
+        events = self.watch_events = collections.Counter()
+        apply = reflector.Reflector._apply
+
+        def counting_apply(cache, changes):
+            events[cache.kind.plural] += len(changes)
+            return apply(cache, changes)
+        reflector.Reflector._apply = counting_apply  # type: ignore[method-assign]
 
     def _classify(self, frame) -> tuple[str, str]:
         if frame is None:
@@ -134,7 +147,7 @@ class Probe:
             counts = dict(self.counts)
             functions = dict(self.functions)
         self.out.write(json.dumps({"t": now, "cpu": threads, "main_samples": counts, "rss": rss_bytes(),
-                                   "functions": functions}) + "\n")
+                                   "functions": functions, "watch_events": dict(self.watch_events)}) + "\n")
 
     def _slow_callback(self, record: logging.LogRecord):
         m = SLOW.match(record.getMessage())

@@ -152,6 +152,7 @@ class Kube:
         self.executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="kube")
         self._closed = threading.Event()
         self._auth: tuple[float, dict[str, str]] = (0.0, {})
+        self._connection_pool: tuple[urllib3.HTTPConnectionPool, str] | None = None
 
     def _auth_headers(self) -> dict[str, str]:
         """The credentials' headers, refreshed every AUTH_REFRESH_SECONDS: the client's refresh hook
@@ -171,17 +172,28 @@ class Kube:
         """One HTTP exchange over the client's connection pool (its TLS settings and proxies), with
         its credentials (a refreshed token when it has a refresh hook). The body is encoded here,
         once: the generated client's per-request model walk is most of a request's CPU."""
-        cfg = self.api.configuration
-        url = cfg.host + path + ("?" + urlencode(query) if query else "")
+        pool, prefix = self._pool()
+        url = prefix + path + ("?" + urlencode(query) if query else "")
         headers = {"Accept": "application/json", "User-Agent": self.api.user_agent, **self._auth_headers()}
         data = None
         if body is not None:
             headers["Content-Type"] = content_type or "application/json"
             data = orjson.dumps(body)
         connect, read = timeout if isinstance(timeout, tuple) else (timeout, timeout)
-        return self.api.rest_client.pool_manager.request(
-            method, url, body=data, headers=headers, timeout=urllib3.Timeout(connect=connect, read=read),
-            preload_content=not stream, retries=False)
+        return pool.urlopen(method, url, body=data, headers=headers, timeout=urllib3.Timeout(connect=connect, read=read),
+                            preload_content=not stream, retries=False, redirect=False, assert_same_host=False)
+
+    def _pool(self) -> tuple[urllib3.HTTPConnectionPool, str]:
+        """The client's connection pool for the API server (through its proxy, when it has one), and
+        what comes before a path in a request line: looked up once, not parsed for every request."""
+        if self._connection_pool is None:
+            host = self.api.configuration.host.rstrip("/")
+            manager = self.api.rest_client.pool_manager
+            parsed = urllib3.util.parse_url(host)
+            # A plain-HTTP request through a proxy names the whole URL; otherwise the path only.
+            absolute = isinstance(manager, urllib3.ProxyManager) and parsed.scheme == "http"
+            self._connection_pool = (manager.connection_from_url(host), host if absolute else (parsed.path or ""))
+        return self._connection_pool
 
     def request(self, method: str, path: str, query: dict | None = None, body=None,
                 content_type: str | None = None, repeatable: bool = True) -> dict | None:

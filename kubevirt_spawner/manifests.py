@@ -171,7 +171,8 @@ def workspace_datavolume(ident: Identity, spec: MachineSpec) -> dict:
 NETWORK_DATA = "version: 2\nethernets:\n  enp1s0:\n    dhcp4: true\n    dhcp6: false\n"
 
 
-def virtual_machine(ident: Identity, spec: MachineSpec) -> dict:
+def virtual_machine(ident: Identity, spec: MachineSpec, running: bool = False) -> dict:
+    """The workstation's VM; `running` creates it started (Always), else stopped (Halted)."""
     requests = {"cpu": spec.cpu, "memory": spec.memory}
     resources: dict = {"requests": requests}
     limits = {k: v for k, v in (("cpu", spec.cpu_limit), ("memory", spec.memory_limit)) if v}
@@ -212,7 +213,7 @@ def virtual_machine(ident: Identity, spec: MachineSpec) -> dict:
     profile = {ANNOTATION_PROFILE: spec.profile, ANNOTATION_PROFILE_VERSION: spec.profile_version}
     return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
             "metadata": _meta(ident, ident.vm, "workstation", spec, **profile),
-            "spec": {"runStrategy": "Halted",
+            "spec": {"runStrategy": "Always" if running else "Halted",
                      "template": {"metadata": {"labels": labels(ident, "workstation", spec),
                                                "annotations": identity_annotations(ident, spec)},
                                   "spec": template_spec}}}
