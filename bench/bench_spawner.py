@@ -129,10 +129,10 @@ async def main(n: int):
         poll_requests = sum(measure.counts["poll x100"].values())
         print(f"\ntargets: resume writes {resume_writes:.1f} (<= 3), poll requests {poll_requests:.0f} (0)")
         caches.stop()
-        kube.close()
+        await kube.aclose()
         for shared in spawner_module._shared.values():
             shared["caches"].stop()
-            shared["kube"].close()
+            await shared["kube"].aclose()
     finally:
         proc.terminate()
         proc.wait()

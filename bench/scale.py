@@ -230,9 +230,9 @@ class Bench:
             measured = hub_cpu - d_cpu.get("probe", 0) - debug
             share = ours / measured if measured > 0 else 0
             out.append(f"- hub CPU {measured:.1f} s (left out: the probe's {d_cpu.get('probe', 0):.1f} s and asyncio "
-                       f"debug mode's {debug:.1f} s); spawner {ours:.1f} s = {share:.0%}: watch threads "
-                       f"{d_cpu.get('watches', 0):.1f} s, API client threads {d_cpu.get('client', 0):.1f} s, "
-                       f"its share of the event loop {main_ours:.1f} s of {main - debug:.1f} s")
+                       f"debug mode's {debug:.1f} s); spawner {ours:.1f} s = {share:.0%}: on the event loop "
+                       f"{main_ours:.1f} s of its {main - debug:.1f} s (its code, its TLS connections to the API "
+                       f"server and their parsing), in threads {threads:.1f} s")
             if latencies:
                 out.append(f"- hub RSS {last['rss'] / 2**20:.0f} MiB")
         loop = self._loop_diff(before["loop"], self.loop_histogram())

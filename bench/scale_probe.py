@@ -27,6 +27,10 @@ import time
 import traceback
 
 OURS = os.sep + "kubevirt_spawner" + os.sep
+# The spawner talks to the API server over TLS on the hub's loop; the hub's own connections here
+# (proxy, users, the hub API) are plain HTTP. So what asyncio's TLS layer runs (receiving and
+# decrypting answers and watch events, then aiohttp parsing them) is the spawner's as well.
+OURS_TRANSPORT = os.sep + "asyncio" + os.sep + "sslproto.py"
 IDLE_FILES = (os.sep + "selectors.py",)
 # asyncio's debug mode records where every handle and future was made (format_helpers, traceback,
 # linecache): the benchmark's own cost, not the spawner's nor the hub's.
@@ -111,7 +115,7 @@ class Probe:
             inner, depth = inner.f_back, depth + 1
         ours = ""
         while frame is not None:
-            if OURS in frame.f_code.co_filename:
+            if OURS in frame.f_code.co_filename or frame.f_code.co_filename.endswith(OURS_TRANSPORT):
                 ours = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_code.co_name}"
                 break
             frame = frame.f_back
@@ -140,7 +144,7 @@ class Probe:
         for tid, seconds in thread_cpu().items():
             name = "main" if tid == main_native else names.get(tid, "other-native")
             kind = ("main" if name == "main" else "probe" if name == "scale-probe"
-                    else "watches" if name.startswith("reflector-") else "client" if name.startswith("kube_")
+                    else "watches" if name.startswith("reflector-") else "client" if name.startswith("kube")
                     else "other")
             threads[kind] += seconds
         with self.lock:

@@ -1,9 +1,10 @@
 """The only module that talks to the API server.
 
-It uses the official `kubernetes` client for configuration, authentication and transport, and
-exchanges plain JSON objects (dicts) so that KubeVirt and CDI kinds and core kinds are handled
-the same way. Blocking calls run in a thread pool, never on the event loop. Requests are retried
-with backoff on 429, 5xx and connection errors. It logs through the logger it is given (the hub's).
+It uses the official `kubernetes` client for configuration and credentials, aiohttp (which
+JupyterHub itself depends on) on the hub's event loop for the transport, and exchanges plain JSON
+objects (dicts) so that KubeVirt and CDI kinds and core kinds are handled the same way. Requests
+are retried with backoff on 429, 5xx and connection errors. It logs through the logger it is
+given (the hub's).
 """
 
 from __future__ import annotations
@@ -13,16 +14,17 @@ import json
 import logging
 import random
 import re
-import threading
+import ssl
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Iterator, Sequence
-from urllib.parse import quote, urlencode
+from typing import AsyncIterator, Sequence
+from urllib.parse import quote
 
+import aiohttp
 import orjson
-import urllib3
 from kubernetes import client, config
+from kubernetes.client.rest import is_socks_proxy_url, should_bypass_proxies
 
 
 @dataclass(frozen=True)
@@ -129,9 +131,6 @@ def _error_from(status: int, data: bytes, fallback: str = "", request: str = "")
 def load_api_client(kubeconfig: str | None = None, context: str | None = None) -> client.ApiClient:
     """In-cluster credentials when running in a pod without a kubeconfig, else the kubeconfig."""
     cfg = client.Configuration()
-    # Connections for every thread at once (the request pool and a watch per cache): a request
-    # that finds the pool full opens, and then throws away, a TLS connection of its own.
-    cfg.connection_pool_maxsize = 24
     if kubeconfig is None:
         try:
             config.load_incluster_config(client_configuration=cfg)
@@ -142,73 +141,106 @@ def load_api_client(kubeconfig: str | None = None, context: str | None = None) -
     return client.ApiClient(cfg)
 
 
+def ssl_context(cfg: client.Configuration) -> ssl.SSLContext | bool:
+    """TLS as the official client sets it up from a configuration (kubernetes/client/rest.py):
+    its CA (file or data, else the system's), client certificate, hostname check; False when the
+    configuration says not to verify."""
+    if not cfg.verify_ssl:
+        return False
+    context = ssl.create_default_context(cafile=cfg.ssl_ca_cert, cadata=cfg.ca_cert_data)
+    if cfg.cert_file:
+        context.load_cert_chain(cfg.cert_file, cfg.key_file)
+    if cfg.assert_hostname is False:
+        context.check_hostname = False
+    return context
+
+
+def proxy_settings(cfg: client.Configuration) -> dict:
+    """The proxy arguments of a request to the API server, as the official client chooses them."""
+    if not cfg.proxy or should_bypass_proxies(cfg.host, cfg.no_proxy or ""):
+        return {}
+    if is_socks_proxy_url(cfg.proxy):
+        raise ValueError(f"the API server's proxy {cfg.proxy} is a SOCKS proxy, which kubevirt-spawner does not "
+                         "support: use an HTTP proxy or none")
+    return {"proxy": cfg.proxy, "proxy_headers": cfg.proxy_headers or None}
+
+
 class Kube:
+    """Requests and watches on the event loop (aiohttp): no threads, so nothing of the spawner
+    competes with the hub's loop for the interpreter; credentials are refreshed off the loop."""
+
     def __init__(self, api_client: client.ApiClient, log: logging.Logger | logging.LoggerAdapter,
-                 request_timeout: float = 30.0, retry_timeout: float = 60.0, max_workers: int = 8):
+                 request_timeout: float = 30.0, retry_timeout: float = 60.0):
         self.api = api_client
         self.log = log
         self.request_timeout = request_timeout
         self.retry_timeout = retry_timeout
-        self.executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="kube")
-        self._closed = threading.Event()
+        cfg = api_client.configuration
+        self.base = cfg.host.rstrip("/")
+        self._ssl = ssl_context(cfg)
+        self._proxy = proxy_settings(cfg)
+        self._server_hostname = cfg.tls_server_name or None
+        self._closed = False
         self._auth: tuple[float, dict[str, str]] = (0.0, {})
-        self._connection_pool: tuple[urllib3.HTTPConnectionPool, str] | None = None
+        # A credential refresh may run a command (an exec plugin) or read a file: never on the loop.
+        self._refresher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kube-credentials")
+        self._session: aiohttp.ClientSession | None = None
+        self._session_loop: asyncio.AbstractEventLoop | None = None
 
-    def _auth_headers(self) -> dict[str, str]:
-        """The credentials' headers, refreshed every AUTH_REFRESH_SECONDS: the client's refresh hook
-        re-reads the kubeconfig or the token file, which costs as much as the rest of a request.
-        (A ServiceAccount token is rotated hourly, an exec plugin's lasts minutes.)"""
+    def _session_now(self) -> aiohttp.ClientSession:
+        """The session of the running loop (a test may run several loops, one after another)."""
+        loop = asyncio.get_running_loop()
+        session = self._session
+        if session is None or session.closed or self._session_loop is not loop:
+            # Watches hold a connection each; requests reuse the rest (keep-alive).
+            session = self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=64, ssl=self._ssl), trust_env=False,
+                headers={"Accept": "application/json", "User-Agent": self.api.user_agent})
+            self._session_loop = loop
+        return session
+
+    def _read_credentials(self) -> dict[str, str]:
+        return {auth["key"]: auth["value"] for auth in self.api.configuration.auth_settings().values()
+                if auth.get("in") == "header" and auth.get("value")}
+
+    async def _auth_headers(self) -> dict[str, str]:
+        """The credentials' headers, read again every AUTH_REFRESH_SECONDS: the client's refresh hook
+        re-reads the kubeconfig or the token file (a ServiceAccount token is rotated hourly, an exec
+        plugin's lasts minutes)."""
         fetched, headers = self._auth
         if time.monotonic() - fetched < AUTH_REFRESH_SECONDS:
             return headers
-        headers = {auth["key"]: auth["value"] for auth in self.api.configuration.auth_settings().values()
-                   if auth.get("in") == "header" and auth.get("value")}
+        headers = await asyncio.get_running_loop().run_in_executor(self._refresher, self._read_credentials)
         self._auth = (time.monotonic(), headers)
         return headers
 
-    # ------------------------------------------------------------ blocking core
-    def _send(self, method: str, path: str, query: dict | None, body, content_type: str | None,
-              timeout, stream: bool = False) -> urllib3.BaseHTTPResponse:
-        """One HTTP exchange over the client's connection pool (its TLS settings and proxies), with
-        its credentials (a refreshed token when it has a refresh hook). The body is encoded here,
-        once: the generated client's per-request model walk is most of a request's CPU."""
-        pool, prefix = self._pool()
-        url = prefix + path + ("?" + urlencode(query) if query else "")
-        headers = {"Accept": "application/json", "User-Agent": self.api.user_agent, **self._auth_headers()}
+    def _options(self, headers: dict, timeout: aiohttp.ClientTimeout) -> dict:
+        options = {"headers": headers, "timeout": timeout, "allow_redirects": False, **self._proxy}
+        if self._server_hostname:
+            options["server_hostname"] = self._server_hostname
+        return options
+
+    async def _exchange(self, method: str, path: str, query: dict | None, body, content_type: str | None
+                        ) -> tuple[int, bytes, str, str | None]:
+        headers = dict(await self._auth_headers())
         data = None
         if body is not None:
             headers["Content-Type"] = content_type or "application/json"
             data = orjson.dumps(body)
-        connect, read = timeout if isinstance(timeout, tuple) else (timeout, timeout)
-        return pool.urlopen(method, url, body=data, headers=headers, timeout=urllib3.Timeout(connect=connect, read=read),
-                            preload_content=not stream, retries=False, redirect=False, assert_same_host=False)
+        async with self._session_now().request(
+                method, self.base + path, params=query, data=data,
+                **self._options(headers, aiohttp.ClientTimeout(total=self.request_timeout))) as resp:
+            return resp.status, await resp.read(), resp.reason or "", resp.headers.get("Retry-After")
 
-    def _pool(self) -> tuple[urllib3.HTTPConnectionPool, str]:
-        """The client's connection pool for the API server (through its proxy, when it has one), and
-        what comes before a path in a request line: looked up once, not parsed for every request."""
-        if self._connection_pool is None:
-            host = self.api.configuration.host.rstrip("/")
-            manager = self.api.rest_client.pool_manager
-            parsed = urllib3.util.parse_url(host)
-            # A plain-HTTP request through a proxy names the whole URL; otherwise the path only.
-            absolute = isinstance(manager, urllib3.ProxyManager) and parsed.scheme == "http"
-            self._connection_pool = (manager.connection_from_url(host), host if absolute else (parsed.path or ""))
-        return self._connection_pool
-
-    def request(self, method: str, path: str, query: dict | None = None, body=None,
-                content_type: str | None = None, repeatable: bool = True) -> dict | None:
-        """One API call with retries, with backoff and as long as `retry_timeout` allows, on 429
-        (after the server's Retry-After at least) and, for a `repeatable` call, on 5xx and
-        connection errors; the answer's JSON or None. A call that must not happen twice (a restart)
-        is not `repeatable`: a timeout or a 5xx may come after it took effect, a 429 never does."""
+    async def _request(self, method: str, path: str, query: dict | None, body, content_type: str | None,
+                       repeatable: bool) -> dict | None:
         deadline = time.monotonic() + self.retry_timeout
         attempt = 0
         while True:
             attempt += 1
             retry_after = 0.0
             try:
-                resp = self._send(method, path, query, body, content_type, self.request_timeout)
-                status, data = resp.status, resp.data
+                status, data, reason, retry_header = await self._exchange(method, path, query, body, content_type)
                 if status < 400:
                     if not data:
                         return None
@@ -216,10 +248,10 @@ class Kube:
                         return orjson.loads(data)
                     except ValueError:
                         return None
-                err = _error_from(status, data, resp.reason or "")
-                retry_after = _seconds(resp.headers.get("Retry-After"))
-            except (urllib3.exceptions.HTTPError, OSError) as exc:
-                err = KubeError(0, "ConnectionError", f"cannot reach the API server: {exc}")
+                err = _error_from(status, data, reason)
+                retry_after = _seconds(retry_header)
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                err = KubeError(0, "ConnectionError", f"cannot reach the API server: {exc or type(exc).__name__}")
             err.request = f"{method} {path}"
             if err.status == 401 and self._auth[0] and attempt == 1:
                 self._auth = (0.0, {})  # the token was rotated since it was read: read it again, once
@@ -227,51 +259,49 @@ class Kube:
             if err.status != 429 and (not repeatable or (err.status not in RETRY_STATUS and err.status != 0)):
                 raise err
             delay = max(min(0.2 * 2 ** (attempt - 1), 5.0) * (0.5 + random.random() / 2), retry_after)
-            if time.monotonic() + delay > deadline or self._closed.is_set():
+            if time.monotonic() + delay > deadline or self._closed:
                 raise err
             self.log.info("%s %s failed (%s); retry %d in %.1fs", method, path, err, attempt, delay)
-            time.sleep(delay)
+            await asyncio.sleep(delay)
 
-    def stream_events(self, path: str, query: dict, timeout, on_open=None) -> Iterator[list[dict]]:
-        """A watch: the events of each chunk the server sends (one per line), decoded, in order; a
-        storm of changes arrives in few chunks. Errors surface as KubeError. `on_open` gets the
-        open response, so another thread can close it to end the watch."""
+    async def watch(self, path: str, query: dict, read_timeout: float) -> AsyncIterator[list[dict]]:
+        """A watch: the events of each piece the server sends (one per line), decoded, in order; a
+        storm of changes arrives in few pieces. Errors surface as KubeError."""
         request = f"WATCH {path}"
+        headers = await self._auth_headers()
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.request_timeout, sock_read=read_timeout)
         try:
-            raw = self._send("GET", path, query, None, None, timeout, stream=True)
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise KubeError(0, "ConnectionError", f"cannot reach the API server: {exc}", request=request) from None
-        if on_open is not None:
-            on_open(raw)
-        try:
-            if raw.status >= 400:
-                if raw.status == 401:
-                    self._auth = (0.0, {})  # a rotated token: the next watch reads it again
-                raise _error_from(raw.status, raw.read(), raw.reason or "", request)
-            buffer = b""
-            for chunk in raw.stream(amt=None, decode_content=False):
-                lines = (buffer + chunk).split(b"\n")
-                buffer = lines.pop()  # the start of a line still on its way
-                events = [orjson.loads(line) for line in lines if line.strip()]
-                if events:
-                    yield events
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise KubeError(0, "ConnectionError", f"watch stream broke: {exc}") from None
-        finally:
-            raw.release_conn()
+            async with self._session_now().get(self.base + path, params=query,
+                                               **self._options(headers, timeout)) as resp:
+                if resp.status >= 400:
+                    if resp.status == 401:
+                        self._auth = (0.0, {})  # a rotated token: the next watch reads it again
+                    raise _error_from(resp.status, await resp.read(), resp.reason or "", request)
+                buffer = b""
+                async for chunk in resp.content.iter_any():
+                    lines = (buffer + chunk).split(b"\n")
+                    buffer = lines.pop()  # the start of a line still on its way
+                    events = [orjson.loads(line) for line in lines if line.strip()]
+                    if events:
+                        yield events
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            raise KubeError(0, "ConnectionError", f"watch stream broke: {exc or type(exc).__name__}",
+                            request=request) from None
 
     # ------------------------------------------------------------ async API
     async def call(self, method: str, path: str, query: dict | None = None, body=None,
                    content_type: str | None = None, repeatable: bool = True):
-        loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self.executor, self.request, method, path, query, body, content_type,
-                                      repeatable)
+        """One API call with retries, with backoff and as long as `retry_timeout` allows, on 429
+        (after the server's Retry-After at least) and, for a `repeatable` call, on 5xx and
+        connection errors; the answer's JSON or None. A call that must not happen twice (a restart)
+        is not `repeatable`: a timeout or a 5xx may come after it took effect, a 429 never does."""
+        task = asyncio.ensure_future(self._request(method, path, query, body, content_type, repeatable))
         try:
-            return await asyncio.shield(future)
+            return await asyncio.shield(task)
         except asyncio.CancelledError:
             # A request on its way cannot be called back: let it land before the caller cleans
             # up, so that (say) a stop after a cancelled start is not overtaken by the start.
-            await asyncio.wait([future])
+            await asyncio.wait([task])
             raise
 
     async def get(self, kind: Kind, namespace: str | None, name: str) -> dict | None:
@@ -319,6 +349,13 @@ class Kube:
         await self.call("PUT", VM_SUBRESOURCES.path(namespace, name, action), None, body or {},
                         repeatable=action != "restart")
 
+    async def aclose(self):
+        self._closed = True
+        if self._session is not None:
+            await self._session.close()
+        self._refresher.shutdown(wait=False, cancel_futures=True)
+
     def close(self):
-        self._closed.set()
-        self.executor.shutdown(wait=False, cancel_futures=True)
+        """Stop retrying; the connections close with their loop (or `aclose()` on it)."""
+        self._closed = True
+        self._refresher.shutdown(wait=False, cancel_futures=True)

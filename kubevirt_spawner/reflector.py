@@ -1,10 +1,11 @@
 """Shared watch-based caches of the objects the spawner waits on.
 
-Each `Reflector` lists one kind once, then follows a watch from that resourceVersion, in its own
-thread; a 410 Gone or a broken stream starts over with a fresh list. Changes are applied on the
-event loop thread, so readers never see a half-applied update and need no locks. `Caches` groups
-the reflectors and wakes every waiter on any change: `poll()` and progress read from here and
-make no API requests. They log through the Kube client's logger (the hub's).
+Each `Reflector` lists one kind once, then follows a watch from that resourceVersion, in a task on
+the hub's event loop; a 410 Gone or a broken stream starts over with a fresh list. Changes are
+applied between two awaits, so readers never see a half-applied update and need no locks.
+`Caches` groups the reflectors and wakes the waiters of the namespaces that changed: `poll()` and
+progress read from here and make no API requests. They log through the Kube client's logger (the
+hub's).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import threading
 import time
 from typing import Callable, TypeVar
 
@@ -68,28 +68,26 @@ class Reflector:
         # Per-object listeners (object or None when gone, its key) and whole-cache ones (a relist).
         self.on_object: list[Callable[[dict | None, tuple[str, str]], None]] = []
         self.on_reset: list[Callable[[object], None]] = []
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._response = None
-        self._outbox: list = []  # what the thread hands to the loop, in order
-        self._outbox_lock = threading.Lock()
-        self._drain_scheduled = False
+        self._task: asyncio.Task | None = None
+        self._stopping = False
 
     def start(self, loop: asyncio.AbstractEventLoop):
-        self._loop = loop
-        self._thread = threading.Thread(target=self._run, name=f"reflector-{self.kind.plural}", daemon=True)
-        self._thread.start()
+        self._stopping = False
+        self._task = loop.create_task(self._run(), name=f"reflector-{self.kind.plural}")
 
     def stop(self):
-        self._stopping.set()
-        response = self._response
-        if response is not None:
-            try:
-                # shutdown() (not close()) is the thread-safe way to end a blocked read now.
-                getattr(response, "shutdown", response.close)()
-            except Exception:  # a response that is already closed or broken
-                self.kube.log.debug("closing the %s watch failed", self.kind.plural, exc_info=True)
+        self._stopping = True
+        task = self._task
+        if task is None or task.done() or task.get_loop().is_closed():
+            return
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if here is task.get_loop():
+            task.cancel()
+        else:
+            task.get_loop().call_soon_threadsafe(task.cancel)
 
     def get(self, namespace: str, name: str) -> dict | None:
         return self.objects.get((namespace, name))
@@ -137,28 +135,7 @@ class Reflector:
         for namespace in (None,) if None in namespaces else namespaces:
             self._on_change(namespace)
 
-    def _post(self, fn, *args):
-        """Run fn(*args) on the loop, after everything posted before. In a burst, one wake-up of
-        the loop carries everything that arrived meanwhile (each wake-up is a system call)."""
-        with self._outbox_lock:
-            self._outbox.append((fn, args))
-            if self._drain_scheduled:
-                return
-            self._drain_scheduled = True
-        if self._loop is not None and not self._loop.is_closed():
-            try:
-                self._loop.call_soon_threadsafe(self._drain)
-            except RuntimeError:  # the loop closed between the check and the call
-                self._stopping.set()
-
-    def _drain(self):
-        with self._outbox_lock:
-            work, self._outbox = self._outbox, []
-            self._drain_scheduled = False
-        for fn, args in work:
-            fn(*args)
-
-    # ------------------------------------------------ in the thread
+    # ------------------------------------------------ the task
     def _query(self) -> dict:
         query: dict[str, str] = {}
         if self.label_selector:
@@ -167,41 +144,39 @@ class Reflector:
             query["fieldSelector"] = self.field_selector
         return query
 
-    def _run(self):
+    async def _run(self):
         failures = 0
-        told = False  # the admin has read that the hub may not read these (told once, in this thread)
-        while not self._stopping.is_set():
+        told = False  # the admin has read that the hub may not read these (told once)
+        while not self._stopping:
             try:
-                listing = self.kube.request("GET", self.kind.path(self.namespace), self._query() or None) or {}
+                listing = await self.kube.call("GET", self.kind.path(self.namespace), self._query() or None) or {}
                 version = (listing.get("metadata") or {}).get("resourceVersion", "")
-                self._post(self._replace_all, [slim(o) for o in listing.get("items") or []])
+                self._replace_all([slim(o) for o in listing.get("items") or []])
                 failures = 0
-                self._follow(version)
+                await self._follow(version)
             except k.KubeError as err:
-                if self._stopping.is_set():
+                if self._stopping:
                     return
                 if err.status == 403:
                     if not told:  # once, not at every retry
                         self._log_refusal(err)
                         told = True
                     err.logged = True
-                    self._post(self._forbid, err)
-                    self._stopping.wait(300 if self.optional else 60)
+                    self._forbid(err)
+                    await asyncio.sleep(300 if self.optional else 60)
                     continue
-                self._post(self._failed, err)
+                self._failed(err)
                 told = False  # another problem: a refusal after it is news again
                 failures += 1
                 delay = min(0.5 * 2 ** min(failures, 6), 30.0) * (0.5 + random.random() / 2)
                 level = logging.DEBUG if err.status == 410 else logging.WARNING
                 self.kube.log.log(level, "watch of %s restarting in %.1fs: %s", self.kind.plural, delay, err)
-                if err.status == 410:
-                    delay = 0
-                self._stopping.wait(delay)
+                await asyncio.sleep(0 if err.status == 410 else delay)
             except Exception:  # never let the cache die silently
-                if self._stopping.is_set():
+                if self._stopping:
                     return
                 self.kube.log.exception("watch of %s failed", self.kind.plural)
-                self._stopping.wait(5)
+                await asyncio.sleep(5)
 
     def _log_refusal(self, err: k.KubeError):
         need = f"list and watch {self.kind.plural}" + (f" ({self.kind.group})" if self.kind.group else "")
@@ -212,16 +187,12 @@ class Reflector:
             self.kube.log.error("cannot read %s: %s. No workstation can start or stop until the hub's "
                                 "ServiceAccount may %s (see deploy/rbac/)", self.kind.plural, err, need)
 
-    def _follow(self, version: str):
+    async def _follow(self, version: str):
         """Follow the watch until the server ends it; raise KubeError when it must restart."""
-        while not self._stopping.is_set():
+        while not self._stopping:
             query = {**self._query(), "watch": "1", "resourceVersion": version, "allowWatchBookmarks": "true",
                      "timeoutSeconds": str(random.randint(240, 360))}
-            batches = self.kube.stream_events(self.kind.path(self.namespace), query, (10, 400),
-                                              on_open=lambda raw: setattr(self, "_response", raw))
-            for batch in batches:
-                if self._stopping.is_set():
-                    return
+            async for batch in self.kube.watch(self.kind.path(self.namespace), query, 400):
                 changes: list[tuple[str, dict]] = []
                 try:
                     for event in batch:
@@ -234,8 +205,8 @@ class Reflector:
                         version = (obj.get("metadata") or {}).get("resourceVersion", version)
                         changes.append((event["type"], slim(obj)))
                 finally:
-                    if changes:  # one hop to the loop per chunk, not per event
-                        self._post(self._apply, changes)
+                    if changes:  # what came before an error still happened
+                        self._apply(changes)
 
 
 class Caches:

@@ -1,34 +1,44 @@
-"""The API client's request line: looked up once per client, right with and without a proxy."""
+"""The API client's transport settings, taken from the official client's configuration as its own
+REST client takes them (kubernetes/client/rest.py): TLS verification, CA, proxy and no_proxy."""
 
-import logging
+import ssl
 
-import urllib3
+import pytest
 from kubernetes import client
 
 from kubevirt_spawner import kube as k
 
 
-def kube_for(host: str, proxy: str | None = None) -> k.Kube:
+def configuration(host: str = "https://api.example:6443", **settings) -> client.Configuration:
     cfg = client.Configuration()
     cfg.host = host
-    cfg.proxy = proxy
-    return k.Kube(client.ApiClient(cfg), logging.getLogger("test"))
+    for key, value in settings.items():
+        setattr(cfg, key, value)
+    return cfg
 
 
-def test_requests_name_the_path_only_without_a_proxy_or_over_tls():
-    for host, proxy in (("https://api.example:6443", None), ("https://api.example:6443", "http://proxy:3128"),
-                        ("http://127.0.0.1:8001", None)):
-        pool, prefix = kube_for(host, proxy)._pool()
-        assert prefix == "" and pool.host in ("api.example", "127.0.0.1")
+def test_tls_is_verified_against_the_configured_ca_with_the_hostname_checked(tmp_path):
+    from kubevirt_spawner.sim.tls import ensure_serving_certificate
+    ca = ensure_serving_certificate(str(tmp_path)).ca
+    context = k.ssl_context(configuration(ssl_ca_cert=ca))
+    assert isinstance(context, ssl.SSLContext)
+    assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
+    assert len(context.get_ca_certs()) == 1  # the cluster's CA only, not the system's
 
 
-def test_a_plain_http_api_server_behind_a_proxy_gets_the_whole_url():
-    pool, prefix = kube_for("http://api.example:8080", "http://proxy:3128")._pool()
-    assert prefix == "http://api.example:8080"
-    assert isinstance(pool, urllib3.HTTPConnectionPool) and pool.host == "proxy"
+def test_insecure_skip_tls_verify_and_assert_hostname_false_are_honoured():
+    assert k.ssl_context(configuration(verify_ssl=False)) is False
+    context = k.ssl_context(configuration(assert_hostname=False))
+    assert isinstance(context, ssl.SSLContext) and not context.check_hostname
 
 
-def test_a_host_with_a_path_prefix_keeps_it():
-    """kubectl proxy --api-prefix, or a gateway that serves the API under a path."""
-    pool, prefix = kube_for("https://gw.example/k8s/")._pool()
-    assert prefix == "/k8s" and pool.host == "gw.example"
+def test_proxy_is_used_unless_no_proxy_names_the_api_server():
+    assert k.proxy_settings(configuration()) == {}
+    assert k.proxy_settings(configuration(proxy="http://proxy:3128")) == {"proxy": "http://proxy:3128",
+                                                                         "proxy_headers": None}
+    assert k.proxy_settings(configuration(proxy="http://proxy:3128", no_proxy="api.example")) == {}
+
+
+def test_a_socks_proxy_is_refused_with_a_sentence():
+    with pytest.raises(ValueError, match="SOCKS proxy, which kubevirt-spawner does not support"):
+        k.proxy_settings(configuration(proxy="socks5://proxy:1080"))

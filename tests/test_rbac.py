@@ -95,13 +95,13 @@ async def lifecycle(sim, kubeconfig: str) -> Outcome:
                                                    "labels": m.labels(ident, "snapshot")},
                                       "spec": {"source": {"apiGroup": "kubevirt.io", "kind": "VirtualMachine",
                                                           "name": ident.vm}}})
-        admin.close()
+        await admin.aclose()
         await ws.retire()
     except WorkstationError as err:
         error = err
     finally:
         caches.stop()
-        kube.close()
+        await kube.aclose()
         log.removeHandler(lines)
     return Outcome(error, lines.lines)
 
@@ -196,5 +196,5 @@ async def test_only_the_authorizers_refusals_are_missing_permissions(rsim, tmp_p
     finally:
         apply(rsim, golden_role)
     assert clone.value.status == 422 and clone.value.permission_denied
-    admin.close()
-    hub.close()
+    await admin.aclose()
+    await hub.aclose()

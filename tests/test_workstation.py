@@ -47,7 +47,7 @@ async def env(wsim):
     await caches.wait_synced(30)
     yield types.SimpleNamespace(kube=kube, caches=caches, sim=wsim)
     caches.stop()
-    kube.close()
+    await kube.aclose()
 
 
 @contextlib.contextmanager
@@ -73,11 +73,11 @@ def writes(delta: dict) -> dict:
     return {k: v for k, v in delta.items() if k.split()[0] in WRITES}
 
 
-def forget_shared():
+async def forget_shared():
     """A new hub: the spawners' shared client and caches are gone (stopped, not left running)."""
     for shared in spawner_module._shared.values():
         shared["caches"].stop()
-        shared["kube"].close()
+        await shared["kube"].aclose()
     spawner_module._shared.clear()
 
 
@@ -140,7 +140,7 @@ async def test_no_wait_is_unbounded_when_the_cluster_cannot_be_read(wsim, caplog
         c = Config()
         c.KubeVirtSpawner.kubeconfig = wsim.kubeconfig
         c.KubeVirtSpawner.k8s_api_retry_timeout = 1.0
-        forget_shared()
+        await forget_shared()
         spawner = KubeVirtSpawner(config=c, user=types.SimpleNamespace(name="una", url="/user/una/"))
         spawner.load_state({"workstation": names.identity("una").to_state()})
         assert await asyncio.wait_for(spawner.poll(), 10) is None
@@ -148,8 +148,8 @@ async def test_no_wait_is_unbounded_when_the_cluster_cannot_be_read(wsim, caplog
     finally:
         sim_api(wsim, "DELETE", "/faults/api")
         caches.stop()
-        kube.close()
-        forget_shared()
+        await kube.aclose()
+        await forget_shared()
 
 
 async def test_poll_reads_the_cache_only_and_waits_for_it_after_a_restart(env, wsim):
@@ -157,7 +157,7 @@ async def test_poll_reads_the_cache_only_and_waits_for_it_after_a_restart(env, w
     await ws.start({}, [])
     c = Config()
     c.KubeVirtSpawner.kubeconfig = wsim.kubeconfig
-    forget_shared()
+    await forget_shared()
     # A fresh hub whose caches cannot list VMIs yet: poll must wait, not say "stopped".
     sim_api(wsim, "PUT", "/faults/api", {"verb": "list", "resource": "virtualmachineinstances", "rate": 1,
                                          "code": 500})
@@ -188,7 +188,7 @@ async def test_poll_reads_the_cache_only_and_waits_for_it_after_a_restart(env, w
     assert await spawner.poll() == 0
     for shared in spawner_module._shared.values():
         shared["caches"].stop()
-    forget_shared()
+    await forget_shared()
 
 
 async def test_concurrent_starts_act_once(env):
@@ -443,7 +443,7 @@ async def test_a_cluster_that_keeps_refusing_is_an_error_for_the_admin_not_a_use
             await ws.start({}, [])
     finally:
         sim_api(env.sim, "DELETE", "/faults/api")
-        kube.close()
+        await kube.aclose()
     assert not isinstance(caught.value, SpawnException)
     assert caught.value.status == 500 and str(caught.value).endswith(
         f"(POST /apis/cdi.kubevirt.io/v1beta1/namespaces/{ws.ident.namespace}/datavolumes)")
