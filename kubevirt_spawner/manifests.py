@@ -171,8 +171,7 @@ def workspace_datavolume(ident: Identity, spec: MachineSpec) -> dict:
 NETWORK_DATA = "version: 2\nethernets:\n  enp1s0:\n    dhcp4: true\n    dhcp6: false\n"
 
 
-def virtual_machine(ident: Identity, spec: MachineSpec, running: bool = False) -> dict:
-    """The workstation's VM; `running` creates it started (Always), else stopped (Halted)."""
+def virtual_machine(ident: Identity, spec: MachineSpec) -> dict:
     requests = {"cpu": spec.cpu, "memory": spec.memory}
     resources: dict = {"requests": requests}
     limits = {k: v for k, v in (("cpu", spec.cpu_limit), ("memory", spec.memory_limit)) if v}
@@ -213,7 +212,7 @@ def virtual_machine(ident: Identity, spec: MachineSpec, running: bool = False) -
     profile = {ANNOTATION_PROFILE: spec.profile, ANNOTATION_PROFILE_VERSION: spec.profile_version}
     return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
             "metadata": _meta(ident, ident.vm, "workstation", spec, **profile),
-            "spec": {"runStrategy": "Always" if running else "Halted",
+            "spec": {"runStrategy": "Halted",
                      "template": {"metadata": {"labels": labels(ident, "workstation", spec),
                                                "annotations": identity_annotations(ident, spec)},
                                   "spec": template_spec}}}

@@ -213,13 +213,11 @@ class Workstation:
             try:
                 self._refuse_double_attach()
                 report(1, "Preparing your workstation")
-                if not await self._provision(report, deadline, env, args):
-                    await self._write_env(env, args, new=False)
-                    await self._wait_for_shutdown(report, deadline)
-                    await self._request_start(report, deadline)
-                # The cache must show the request before the waits can tell "not started yet" from "stopped".
-                await self._wait_until(lambda: field_value(self.vm, "spec.runStrategy") not in (None, "Halted")
-                                       or self.vmi is not None, deadline, "the cluster to take the start request")
+                new = self.vm is None
+                await self._provision(report, deadline)
+                await self._write_env(env, args, new)
+                await self._wait_for_shutdown(report, deadline)
+                await self._request_start(report, deadline)
                 return await self._wait_ready(report, deadline)
             except BaseException as exc:
                 await asyncio.shield(self._stop_after_failed_start())
@@ -260,19 +258,18 @@ class Workstation:
                     f"Your workstation's disk is in use by another virtual machine ({name} on {node}). "
                     f"Stop it first, or ask your administrator.", reason="disk-in-use", status_code=409)
 
-    async def _provision(self, report: Report, deadline: float, env: dict[str, str], args: list[str]) -> bool:
-        """Create whatever is missing; adopt what exists (after a hub restart, or a second start).
-        True when it created the VM, already started."""
+    async def _provision(self, report: Report, deadline: float):
+        """Create whatever is missing; adopt what exists (after a hub restart, or a second start)."""
         refused = await self._ensure_namespace() if self.vm is None else None
         try:
-            return await self._provision_objects(report, deadline, env, args)
+            await self._provision_objects(report, deadline)
         except k.KubeError as err:
             # The namespace is missing because the hub was not allowed to create it: say that.
             if refused is not None and err.not_found and f'namespaces "{self.ident.namespace}"' in err.message:
                 raise refused from err
             raise
 
-    async def _provision_objects(self, report: Report, deadline: float, env: dict[str, str], args: list[str]) -> bool:
+    async def _provision_objects(self, report: Report, deadline: float):
         ident, spec = self.ident, self.spec
         vm = self.vm
         disk = self.rootdisk or self.rootdisk_pvc
@@ -295,20 +292,14 @@ class Workstation:
         if spec.workspace_disk_size and self.caches.dvs.get(ident.namespace, ident.workspace) is None \
                 and self.caches.pvcs.get(ident.namespace, ident.workspace) is None:
             await self._ensure(k.DV, m.workspace_datavolume(ident, spec), self.caches.dvs)
-        # A new machine is created started, its environment first: one request fewer per first
-        # start than create + start. KubeVirt boots it once its disks are ready.
-        desired = m.virtual_machine(ident, spec, running=vm is None)
+        desired = m.virtual_machine(ident, spec)
         desired["metadata"]["annotations"][ANNOTATION_SPEC_HASH] = spec_hash(desired)
-        booted = False
         if vm is None:
-            await self._write_env(env, args, new=True)
-            vm, booted = await self._ensure(k.VM, desired, self.caches.vms)
-        if not booted:  # an existing machine: its disks and spec follow the profile
-            await self._resize_disks(report)
-            await self._update_stopped_vm(vm, desired)
+            vm = await self._ensure(k.VM, desired, self.caches.vms)
+        await self._resize_disks(report)
+        await self._update_stopped_vm(vm, desired)
         if self.service is None:
             await self._ensure(k.SERVICE, m.service(ident, spec), self.caches.services)
-        return booted
 
     async def _unretire(self):
         """A user who comes back before the retention ends gets their kept disks back."""
@@ -340,15 +331,15 @@ class Workstation:
                 raise
         return None
 
-    async def _ensure(self, kind: k.Kind, obj: dict, cache: Reflector) -> tuple[dict, bool]:
-        """Create the object, or find the existing one, which must be this workstation's; and
-        whether it was created. It is looked for in the cache, else listed by name (a cache may lag
-        behind a create that was repeated after a timeout): the hub never GETs single objects."""
+    async def _ensure(self, kind: k.Kind, obj: dict, cache: Reflector) -> dict:
+        """Create the object; when it exists, the existing one, which must be this workstation's.
+        It is looked for in the cache, else listed by name (a cache may lag behind a create that
+        was repeated after a timeout): the hub never needs to GET single objects."""
         meta = obj["metadata"]
         try:
             created = await self.kube.create(kind, obj)
             self.log.info("created %s %s", kind.kind, meta["name"])
-            return created, True
+            return created
         except k.KubeError as err:
             if err.status != 409 or err.reason != "AlreadyExists":
                 raise
@@ -357,10 +348,10 @@ class Workstation:
             found = await self.kube.list(kind, meta["namespace"], field_selector=f"metadata.name={meta['name']}")
             existing = next(iter(found.get("items") or []), None)
         if existing is None:  # deleted in between: once more
-            return await self.kube.create(kind, obj), True
+            return await self.kube.create(kind, obj)
         existing.setdefault("kind", kind.kind)
         self._check_owner(existing)
-        return existing, False
+        return existing
 
     async def _update_stopped_vm(self, vm: dict, desired: dict):
         """A changed profile takes effect at the next start. The template is replaced whole (a
@@ -440,6 +431,9 @@ class Workstation:
             if not (err.conflict and any(s in err.message for s in ALREADY_RUNNING)):
                 raise
             self.log.info("start of %s: %s (continuing)", ident.vm, err.message)
+        # The cache must show the request before the waits can tell "not started yet" from "stopped".
+        await self._wait_until(lambda: field_value(self.vm, "spec.runStrategy") not in (None, "Halted")
+                               or self.vmi is not None, deadline, "the cluster to take the start request")
 
     async def _wait_ready(self, report: Report, deadline: float) -> str:
         steps = _StartSteps(self, report)

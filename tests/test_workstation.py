@@ -101,10 +101,8 @@ async def test_first_start_resume_and_stop_use_few_requests(env):
     url = await ws.start({"JUPYTERHUB_API_TOKEN": "t1"}, [])
     first = diff(before, counts(env.sim))
     assert url.startswith("http://127.") and url.endswith(":8888")
-    # The VM is created started (runStrategy Always): no start call on a first start.
     assert writes(first) == {"create namespaces": 1, "create secrets": 1, "create datavolumes": 1,
-                             "create virtualmachines": 1, "create services": 1}
-    assert ws.vm["spec"]["runStrategy"] == "Always"
+                             "create virtualmachines": 1, "create services": 1, "update virtualmachines/start": 1}
     assert {k for k in first if k.startswith(("get", "list"))} == set()  # waits read the caches
 
     before = counts(env.sim)
@@ -198,7 +196,7 @@ async def test_concurrent_starts_act_once(env):
     urls = await asyncio.gather(a.start({}, []), b.start({}, []))
     assert urls[0] == urls[1]
     w = writes(diff(before, counts(env.sim)))
-    assert w["create datavolumes"] == 1 and w["create virtualmachines"] == 1 and "update virtualmachines/start" not in w
+    assert w["create datavolumes"] == 1 and w["create virtualmachines"] == 1 and w["update virtualmachines/start"] == 1
     await a.stop()
 
 
@@ -393,8 +391,8 @@ async def test_an_object_of_its_own_missing_from_a_lagging_cache_is_adopted(env,
     await env.kube.create(k.SERVICE, m.service(ws.ident, ws.spec))
     monkeypatch.setattr(env.caches.services, "get", lambda namespace, name: None)  # the watch lags
     before = counts(env.sim)
-    found, created = await ws._ensure(k.SERVICE, m.service(ws.ident, ws.spec), env.caches.services)
-    assert found["metadata"]["name"] == ws.ident.service and not created
+    found = await ws._ensure(k.SERVICE, m.service(ws.ident, ws.spec), env.caches.services)
+    assert found["metadata"]["name"] == ws.ident.service
     assert diff(before, counts(env.sim)) == {"create services": 1, "list services": 1}
 
 

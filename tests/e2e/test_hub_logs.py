@@ -102,10 +102,7 @@ def test_an_internal_error_keeps_its_traceback_and_the_user_reads_one_sentence(h
 def test_a_missing_permission_is_one_admin_line_and_one_user_sentence(hub, cluster):
     """RBAC refusing the start call (403, staging/src/k8s.io/apiserver/pkg/endpoints/handlers/
     responsewriters/errors.go): the admin reads the refused request and what is missing, the user
-    reads a sentence that sends them to the administrator, and nothing is left running. (A resume:
-    a first start creates its VM already started and needs no start call.)"""
-    hub.start_server("quin")
-    hub.stop_server("quin")
+    reads a sentence that sends them to the administrator, and nothing is left running."""
     offset = len(hub.log())
     without_start = hub_rbac_objects()
     cluster_role = next(o for o in without_start if o["kind"] == "ClusterRole")
