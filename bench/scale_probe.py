@@ -31,6 +31,7 @@ OURS = os.sep + "kubevirt_spawner" + os.sep
 # (proxy, users, the hub API) are plain HTTP. So what asyncio's TLS layer runs (receiving and
 # decrypting answers and watch events, then aiohttp parsing them) is the spawner's as well.
 OURS_TRANSPORT = os.sep + "asyncio" + os.sep + "sslproto.py"
+SELECTOR_TRANSPORT = os.sep + "asyncio" + os.sep + "selector_events.py"
 IDLE_FILES = (os.sep + "selectors.py",)
 # asyncio's debug mode records where every handle and future was made (format_helpers, traceback,
 # linecache): the benchmark's own cost, not the spawner's nor the hub's.
@@ -115,11 +116,21 @@ class Probe:
             inner, depth = inner.f_back, depth + 1
         ours = ""
         while frame is not None:
-            if OURS in frame.f_code.co_filename or frame.f_code.co_filename.endswith(OURS_TRANSPORT):
+            if OURS in frame.f_code.co_filename or frame.f_code.co_filename.endswith(OURS_TRANSPORT) \
+                    or self._tls_transport(frame):
                 ours = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_code.co_name}"
                 break
             frame = frame.f_back
         return ("ours", f"{ours} > {innermost}") if ours else ("other", "")
+
+    @staticmethod
+    def _tls_transport(frame) -> bool:
+        """A socket transport reading or writing for a TLS protocol: one of the spawner's
+        connections (asyncio's selector code runs before the TLS layer's own frames appear)."""
+        if not frame.f_code.co_filename.endswith(SELECTOR_TRANSPORT):
+            return False
+        transport = frame.f_locals.get("self")
+        return isinstance(getattr(transport, "_protocol", None), asyncio.sslproto.SSLProtocol)
 
     def _run(self):
         next_report = time.monotonic() + 1.0
