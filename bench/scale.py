@@ -244,13 +244,26 @@ class Bench:
             top = [f"{where} {n}" for where, n in functions.most_common(6) if n > 0]
             if top:
                 out.append(f"- where the loop was in the spawner's code (samples): {'; '.join(top)}")
+        if first and last and "full_collections" in last:
+            count = last["full_collections"][0] - (first.get("full_collections") or [0, 0, 0])[0]
+            total = last["full_collections"][1] - (first.get("full_collections") or [0, 0, 0])[1]
+            out.append(f"- full garbage collections of the hub's heap: {count}, {total * 1000:.0f} ms in all, the "
+                       f"longest of the run so far {last['full_collections'][2] * 1000:.0f} ms")
         slow = [x for x in new if "slow" in x]
         # The spawner's: most of the loop's samples meanwhile were in its code, and the callback
-        # used more than 20 ms of CPU (not merely waited for a CPU or the GIL).
-        ours_slow = [x for x in slow if x["samples"] and x["ours"] / x["samples"] > 0.5 and x["cpu"] > 0.02]
+        # used more than 20 ms of CPU (not merely waited for a CPU or the GIL) outside a full
+        # garbage collection (a pause of the whole hub, set off by whichever allocation came next).
+        gc_slow = [x for x in slow if x.get("gc", 0) > x["seconds"] / 2]
+        ours_slow = [x for x in slow if x["samples"] and x["ours"] / x["samples"] > 0.5 and x["cpu"] > 0.02
+                     and x not in gc_slow]
         starved = [x for x in slow if x["cpu"] <= 0.02]
         out.append(f"- slow callbacks (> 20 ms): {len(slow)}, of them the spawner's: {len(ours_slow)} "
-                   f"({len(starved)} of all used under 20 ms of CPU: they waited for a CPU or the GIL)")
+                   f"({len(starved)} of all used under 20 ms of CPU: they waited for a CPU or the GIL; "
+                   f"{len(gc_slow)} were mostly a full garbage collection)")
+        for x in gc_slow:
+            if x["samples"] and x["ours"] / x["samples"] > 0.5:
+                out.append(f"  - in the spawner's code, {x['seconds'] * 1000:.0f} ms of which a full garbage "
+                           f"collection {x['gc'] * 1000:.0f} ms: {x['slow'][:100]}")
         for x in ours_slow[:10]:
             out.append(f"  - {x['seconds'] * 1000:.0f} ms ({x['cpu'] * 1000:.0f} ms CPU) in {x['our_functions']}: "
                        f"{x['slow'][:120]}")

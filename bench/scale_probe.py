@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import gc
 import json
 import logging
 import os
@@ -73,6 +74,7 @@ class Probe:
         self.lock = threading.Lock()
         self.main_ident = 0
         self.out = open(out_path, "a", buffering=1)
+        self.full_collections: list[tuple[float, float]] = []  # (when it ended, seconds)
 
     def install(self):
         loop = asyncio.get_running_loop()
@@ -89,6 +91,7 @@ class Probe:
         handler.emit = self._slow_callback  # type: ignore[method-assign]
         logging.getLogger("asyncio").addHandler(handler)
         self._count_watch_events()
+        gc.callbacks.append(self._gc_callback)
         threading.Thread(target=self._run, name="scale-probe", daemon=True).start()
 
     def _count_watch_events(self):
@@ -161,8 +164,26 @@ class Probe:
         with self.lock:
             counts = dict(self.counts)
             functions = dict(self.functions)
+            collections_done = list(self.full_collections)
         self.out.write(json.dumps({"t": now, "cpu": threads, "main_samples": counts, "rss": rss_bytes(),
-                                   "functions": functions, "watch_events": dict(self.watch_events)}) + "\n")
+                                   "functions": functions, "watch_events": dict(self.watch_events),
+                                   "full_collections": [len(collections_done),
+                                                        sum(length for _, length in collections_done),
+                                                        max((length for _, length in collections_done), default=0)]})
+                       + "\n")
+
+    def _gc_callback(self, phase: str, info: dict):
+        """Collections of the oldest generation, when and how long: a pause of the whole hub (its
+        length follows everything the hub holds), wherever the allocation that set it off was."""
+        if info.get("generation") != 2:
+            return
+        now = time.perf_counter()
+        if phase == "start":
+            self._gc_started = now
+        elif getattr(self, "_gc_started", None) is not None:
+            with self.lock:
+                self.full_collections.append((time.time(), now - self._gc_started))
+            self._gc_started = None
 
     def _slow_callback(self, record: logging.LogRecord):
         m = SLOW.match(record.getMessage())
@@ -178,6 +199,8 @@ class Probe:
         # CPU the loop thread really used meanwhile: a callback that waited for a CPU or the GIL
         # is slow but not costly.
         cpu = (window[-1][2] - window[0][2]) if len(window) > 1 else 0.0
+        with self.lock:
+            gc_seconds = sum(length for t, length in self.full_collections if end - seconds - 0.005 <= t <= end + 0.005)
         self.out.write(json.dumps({"t": end, "slow": m.group("what")[:300], "seconds": seconds, "cpu": cpu,
-                                   "samples": len(busy), "ours": sum(ours.values()),
+                                   "samples": len(busy), "ours": sum(ours.values()), "gc": gc_seconds,
                                    "our_functions": ours.most_common(3)}) + "\n")
