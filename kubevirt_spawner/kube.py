@@ -57,6 +57,7 @@ NODE = Kind("Node", "", "v1", "nodes", namespaced=False)
 VM = Kind("VirtualMachine", "kubevirt.io", "v1", "virtualmachines")
 VMI = Kind("VirtualMachineInstance", "kubevirt.io", "v1", "virtualmachineinstances")
 DV = Kind("DataVolume", "cdi.kubevirt.io", "v1beta1", "datavolumes")
+SNAPSHOT = Kind("VirtualMachineSnapshot", "snapshot.kubevirt.io", "v1beta1", "virtualmachinesnapshots")
 STORAGE_PROFILE = Kind("StorageProfile", "cdi.kubevirt.io", "v1beta1", "storageprofiles", namespaced=False)
 VM_SUBRESOURCES = Kind("VirtualMachine", "subresources.kubevirt.io", "v1", "virtualmachines")
 

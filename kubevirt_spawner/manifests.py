@@ -225,6 +225,54 @@ def service(ident: Identity, spec: MachineSpec) -> dict:
                      "ports": [{"name": n, "port": p, "targetPort": p, "protocol": "TCP"} for n, p in spec.ports]}}
 
 
+ANNOTATION_SNAPSHOT_NAME = LABEL_PREFIX + "snapshot-name"  # the name the user gave it
+ANNOTATION_NOTE = LABEL_PREFIX + "note"
+SNAPSHOT_NAME_MAX = 40
+_SNAPSHOT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+SNAPSHOT_NOTE_MAX = 500
+
+
+def check_snapshot_name(name: str) -> str:
+    """A user's snapshot name, or ValueError with a sentence saying what a valid one is."""
+    if not (isinstance(name, str) and len(name) <= SNAPSHOT_NAME_MAX and _SNAPSHOT_NAME.match(name)):
+        raise ValueError(f"A snapshot name has 1 to {SNAPSHOT_NAME_MAX} lower-case letters, digits and dashes, and "
+                         f"starts and ends with a letter or digit (for example before-cuda-12).")
+    return name
+
+
+def snapshot_object_name(ident: Identity, name: str) -> str:
+    return f"{ident.slug}-{name}"
+
+
+def virtual_machine_snapshot(ident: Identity, name: str, note: str = "") -> dict:
+    """A VirtualMachineSnapshot of the workstation's VM: every disk (root and workspace) at once."""
+    check_snapshot_name(name)
+    if len(note) > SNAPSHOT_NOTE_MAX:
+        raise ValueError(f"A snapshot note has at most {SNAPSHOT_NOTE_MAX} characters.")
+    meta = _meta(ident, snapshot_object_name(ident, name), "snapshot")
+    meta["annotations"][ANNOTATION_SNAPSHOT_NAME] = name
+    if note:
+        meta["annotations"][ANNOTATION_NOTE] = note
+    return {"apiVersion": "snapshot.kubevirt.io/v1beta1", "kind": "VirtualMachineSnapshot", "metadata": meta,
+            "spec": {"source": {"apiGroup": "kubevirt.io", "kind": "VirtualMachine", "name": ident.vm}}}
+
+
+def snapshot_consistency(snapshot: dict) -> str | None:
+    """How consistent a snapshot is, from KubeVirt's indications (pkg/storage/snapshot/snapshot.go):
+    taken while running with the guest agent freezing the filesystems, while running without it,
+    or while stopped. None until KubeVirt has looked."""
+    status = snapshot.get("status") or {}
+    if not status.get("phase"):
+        return None
+    found = {i.get("indication") for i in status.get("sourceIndications") or []} or set(status.get("indications")
+                                                                                         or [])
+    if "Online" not in found:
+        return "offline"
+    if "GuestAgent" in found and "QuiesceTimeout" not in found:
+        return "application-consistent"
+    return "crash-consistent"
+
+
 def retained_patch(retain_until: str) -> dict:
     """Merge patch that marks a disk as kept after its workstation was deleted."""
     return {"metadata": {"labels": {LABEL_RETAINED: "true"},

@@ -157,7 +157,7 @@ class Reflector:
             except k.KubeError as err:
                 if self._stopping:
                     return
-                if err.status == 403:
+                if err.status == 403 or (self.optional and err.status == 404):  # refused, or not served here
                     if not told:  # once, not at every retry
                         self._log_refusal(err)
                         told = True
@@ -233,7 +233,10 @@ class Caches:
         self.nodes = Reflector(kube, k.NODE, self._notify, optional=True)
         # How CDI clones into each StorageClass (copy, or copy-on-write): the clone queue needs it.
         self.storage_profiles = Reflector(kube, k.STORAGE_PROFILE, self._notify, optional=True)
-        self.reflectors = [self.vms, self.vmis, self.dvs, self.pvcs, self.services, self.nodes, self.storage_profiles]
+        # Snapshots (optional: a cluster without KubeVirt's snapshot API still runs workstations).
+        self.snapshots = Reflector(kube, k.SNAPSHOT, self._notify, namespace, sel, optional=True)
+        self.reflectors = [self.vms, self.vmis, self.dvs, self.pvcs, self.services, self.nodes, self.storage_profiles,
+                           self.snapshots]
         self.events = None
         if events:
             # Warnings only: they say why a start waits or fails, and they are a small share of a

@@ -29,7 +29,7 @@ from .quantity import parse_quantity
 from .reflector import Caches, Reflector
 
 ANNOTATION_SPEC_HASH = m.LABEL_PREFIX + "spec-hash"
-SNAPSHOT = k.Kind("VirtualMachineSnapshot", "snapshot.kubevirt.io", "v1beta1", "virtualmachinesnapshots")
+SNAPSHOT = k.SNAPSHOT
 STALL_CHECK_SECONDS = 5.0
 # DataVolume phases of a CSI or snapshot clone (copy-on-write, progress "N/A"), and of a disk that
 # waits for its first consumer (no clone stalls there).
@@ -509,6 +509,82 @@ class Workstation:
             if err.conflict and (now or "shorter graceperiod" in err.message):
                 return  # already stopping (KubeVirt takes a second stop only to shorten the grace period)
             raise
+
+    # ------------------------------------------------------------ snapshots
+    def _need(self, cache: Reflector):
+        """An optional cache this operation cannot do without: its refusal ends the operation."""
+        if cache.refusal is not None:
+            err = k.KubeError(cache.refusal.status, cache.refusal.reason, cache.refusal.message, cache.refusal.body,
+                              cache.refusal.request)
+            err.logged = True  # the cache said so when it was refused
+            raise err
+
+    def _own(self, obj: dict) -> bool:
+        return (obj["metadata"].get("labels") or {}).get(m.LABEL_WORKSTATION) == self.ident.slug
+
+    def snapshots(self) -> list[dict]:
+        """This workstation's snapshots as its user sees them, oldest first."""
+        out = []
+        for snap in self.caches.snapshots.values():
+            if snap["metadata"].get("namespace") != self.ident.namespace or not self._own(snap):
+                continue
+            meta, status = snap["metadata"], snap.get("status") or {}
+            out.append({"name": (meta.get("annotations") or {}).get(m.ANNOTATION_SNAPSHOT_NAME, meta["name"]),
+                        "object": meta["name"], "note": (meta.get("annotations") or {}).get(m.ANNOTATION_NOTE, ""),
+                        "created": status.get("creationTime") or meta.get("creationTimestamp"),
+                        "phase": status.get("phase") or "Pending", "ready": bool(status.get("readyToUse")),
+                        "consistency": m.snapshot_consistency(snap),
+                        "error": field_value(status, "error.message") or ""})
+        return sorted(out, key=lambda s: (s["created"] or "", s["name"]))
+
+    def _snapshot(self, name: str) -> dict | None:
+        return next((s for s in self.snapshots() if s["name"] == name), None)
+
+    async def take_snapshot(self, name: str, note: str = "", timeout: float = 300.0) -> dict:
+        """Snapshot every disk of the machine, running or stopped; return it once KubeVirt has
+        finished (Succeeded) or say why it failed."""
+        with refusals_explained(self.log, "take a snapshot"):
+            await wait_synced(self.caches, self.log, timeout)
+            self._need(self.caches.snapshots)
+            try:
+                obj = m.virtual_machine_snapshot(self.ident, name, note)
+            except ValueError as exc:
+                raise WorkstationError(str(exc), reason="bad-input", status_code=400) from None
+            if self.vm is None:
+                raise WorkstationError("Your workstation has no machine yet: start it once, then take snapshots.",
+                                       reason="no-machine", status_code=409)
+            try:
+                await self.kube.create(SNAPSHOT, obj)
+            except k.KubeError as err:
+                if err.status == 409 and err.reason == "AlreadyExists":
+                    raise WorkstationError(f"A snapshot named {name} exists already; choose another name.",
+                                           reason="snapshot-exists", status_code=409) from None
+                raise
+            self.log.info("snapshot %s requested", name)
+
+            def finished() -> dict | None:
+                snap = self._snapshot(name)
+                return snap if snap and snap["phase"] in ("Succeeded", "Failed") else None
+            try:
+                done = await self.caches.wait_for(finished, timeout, self.ident.namespace)
+            except asyncio.TimeoutError:
+                raise WorkstationError(f"The snapshot {name} did not finish within {timeout:.0f} seconds; it may still. "
+                                       "Look at your snapshots again in a minute.", reason="timeout",
+                                       status_code=504) from None
+            if done["phase"] == "Failed":
+                raise WorkstationError(f"The snapshot {name} failed ({done['error'] or 'no reason given'}).",
+                                       reason="snapshot-failed", status_code=500)
+            self.log.info("snapshot %s done (%s)", name, done["consistency"])
+            return done
+
+    async def delete_snapshot(self, name: str):
+        with refusals_explained(self.log, "delete a snapshot"):
+            await wait_synced(self.caches, self.log, self.settings.stop_timeout)
+            self._need(self.caches.snapshots)
+            snap = self._snapshot(name)
+            if snap is None or not await self.kube.delete(SNAPSHOT, self.ident.namespace, snap["object"]):
+                raise WorkstationError(f"There is no snapshot named {name}.", reason="no-snapshot", status_code=404)
+            self.log.info("snapshot %s deleted", name)
 
     # ------------------------------------------------------------ retire
     async def retire(self) -> list[str]:

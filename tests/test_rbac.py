@@ -18,7 +18,7 @@ from kubevirt_spawner import kube as k
 from kubevirt_spawner import manifests as m
 from kubevirt_spawner import names
 from kubevirt_spawner.reflector import Caches
-from kubevirt_spawner.workstation import SNAPSHOT, Settings, Workstation, WorkstationError
+from kubevirt_spawner.workstation import Settings, Workstation, WorkstationError
 
 from simtools import (
     HUB_NAMESPACE,
@@ -65,8 +65,8 @@ class Outcome:
 async def lifecycle(sim, kubeconfig: str) -> Outcome:
     """Everything the spawner does with a workstation, as the hub would, with the given credentials:
     a first start (clone, create), a second start while it runs (restart with a new token), a stop,
-    a start with a bigger profile (template replaced, disk grown), a stop, and the deletion that
-    keeps disks and snapshots."""
+    a start with a bigger profile (template replaced, disk grown), a stop, two snapshots taken and
+    one deleted, and the deletion that keeps disks and snapshots."""
     user = f"u{uuid.uuid4().hex[:6]}"
     log = logging.getLogger(f"hub-{user}")
     log.propagate = False
@@ -88,14 +88,9 @@ async def lifecycle(sim, kubeconfig: str) -> Outcome:
         ws = Workstation(kube, caches, ident, bigger, settings, log)
         await ws.start({"JUPYTERHUB_API_TOKEN": "t3"}, [])
         await ws.stop()
-        sim_api(sim, "GET", "/requests")  # (the admin makes the snapshot: the hub only keeps it)
-        admin = k.Kube(k.load_api_client(sim.kubeconfig), log)
-        await admin.create(SNAPSHOT, {"apiVersion": "snapshot.kubevirt.io/v1beta1", "kind": "VirtualMachineSnapshot",
-                                      "metadata": {"name": f"{user}-snap", "namespace": ident.namespace,
-                                                   "labels": m.labels(ident, "snapshot")},
-                                      "spec": {"source": {"apiGroup": "kubevirt.io", "kind": "VirtualMachine",
-                                                          "name": ident.vm}}})
-        await admin.aclose()
+        await ws.take_snapshot("before")
+        await ws.take_snapshot("scratch")
+        await ws.delete_snapshot("scratch")
         await ws.retire()
     except WorkstationError as err:
         error = err

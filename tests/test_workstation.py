@@ -17,7 +17,7 @@ from kubevirt_spawner import kube as k
 from kubevirt_spawner import manifests as m
 from kubevirt_spawner import names
 from kubevirt_spawner import spawner as spawner_module
-from kubevirt_spawner.objects import field_value
+from kubevirt_spawner.objects import condition, field_value
 from kubevirt_spawner.reflector import Caches
 from kubevirt_spawner.spawner import KubeVirtSpawner
 from kubevirt_spawner.workstation import CloneGate, Settings, Workstation, WorkstationError
@@ -584,3 +584,43 @@ async def test_stop_asks_the_cluster_even_before_the_cache_shows_the_vm(env, mon
     await ws.stop(now=True)
     stored = await env.kube.get(k.VM, ws.ident.namespace, ws.ident.vm)
     assert stored["spec"]["runStrategy"] == "Halted"
+
+
+async def test_snapshots_say_how_consistent_they_are(env):
+    """KubeVirt's snapshot indications (pkg/storage/snapshot/snapshot.go): a running VM with its
+    guest agent is frozen first (application-consistent), without the agent it is crash-consistent,
+    a stopped VM's snapshot is offline (no indications at all)."""
+    ws = workstation(env, "sana")
+    await ws.start({}, [])
+    await env.caches.wait_for(lambda: condition(ws.vmi, "AgentConnected"), 30)
+    frozen = await ws.take_snapshot("with-agent", note="before the CUDA upgrade")
+    assert frozen["consistency"] == "application-consistent" and frozen["ready"]
+    assert frozen["note"] == "before the CUDA upgrade" and frozen["object"] == f"{ws.ident.slug}-with-agent"
+    sim_api(env.sim, "PUT", f"/vmis/{ws.ident.namespace}/{ws.ident.vm}/agent", {"connected": False})
+    await env.caches.wait_for(lambda: not condition(ws.vmi, "AgentConnected"), 30)
+    assert (await ws.take_snapshot("no-agent"))["consistency"] == "crash-consistent"
+    await ws.stop()
+    assert (await ws.take_snapshot("stopped"))["consistency"] == "offline"
+    assert [s["name"] for s in ws.snapshots()] == ["with-agent", "no-agent", "stopped"]
+
+
+async def test_snapshot_names_are_checked_and_kept_apart(env):
+    ws = workstation(env, "tilo")
+    with user_error("no-machine", "start it once"):
+        await ws.take_snapshot("early")
+    await ws.start({}, [])
+    await ws.stop()
+    before = counts(env.sim)
+    for bad in ("", "Upper", "-dash", "x" * 41, "with space", "dots.are.not"):
+        with user_error("bad-input", "A snapshot name has 1 to 40 lower-case letters"):
+            await ws.take_snapshot(bad)
+    with user_error("bad-input", "at most 500 characters"):
+        await ws.take_snapshot("long-note", note="n" * 501)
+    assert writes(diff(before, counts(env.sim))) == {}  # refused before anything was sent
+    await ws.take_snapshot("one")
+    with user_error("snapshot-exists", "A snapshot named one exists already"):
+        await ws.take_snapshot("one")
+    await ws.delete_snapshot("one")
+    await env.caches.wait_for(lambda: not ws.snapshots(), 10)
+    with user_error("no-snapshot", "There is no snapshot named one"):
+        await ws.delete_snapshot("one")

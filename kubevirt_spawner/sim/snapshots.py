@@ -32,6 +32,26 @@ def _conds(status: dict, progressing: tuple, ready: tuple):
         c.pop("lastProbeTime", None)
 
 
+# What a snapshot of a running VM says of its consistency (pkg/storage/snapshot/snapshot.go).
+INDICATION_MESSAGES = {
+    "Online": "Snapshot taken while the VM was running. Consistency depends on guest-agent quiescing.",
+    "GuestAgent": "Guest agent was active and attempted to quiesce the filesystem for application consistency.",
+    "NoGuestAgent": "Guest agent was not available. Snapshot is crash-consistent and may not be "
+                    "application-consistent.",
+    "Paused": "Snapshot taken while the VM was paused. Snapshot is crash-consistent and may not be "
+              "application-consistent.",
+}
+
+
+def source_indications(vmi: dict, agent_connected: bool) -> list[str]:
+    """Online, and Paused, GuestAgent (the agent froze the filesystems) or NoGuestAgent; sorted, as
+    KubeVirt keeps them."""
+    paused = any(c.get("type") == "Paused" and c.get("status") == "True"
+                 for c in field_value(vmi, "status.conditions") or [])
+    third = "Paused" if paused else "GuestAgent" if agent_connected else "NoGuestAgent"
+    return sorted(["Online", third])
+
+
 class Snapshots:
     def __init__(self, cluster):
         self.c = cluster
@@ -65,16 +85,16 @@ class Snapshots:
         if not status.get("phase"):
             vmi = self.store.get(VMI, ns, vm["metadata"]["name"])
             running = vmi is not None and field_value(vmi, "status.phase") == "Running"
-            indications = []
-            if running:
-                indications.append("Online")
-                indications.append("GuestAgent" if self.c.compute.agent_connected(vmi) else "NoGuestAgent")
             spec = field_value(vm, "spec.template.spec") or {}
             included = [v for v, _ in claim_names(spec)]
             excluded = [v["name"] for v in spec.get("volumes") or [] if v["name"] not in included]
             status.update({"phase": "InProgress", "sourceUID": vm["metadata"]["uid"], "readyToUse": False,
-                           "indications": indications,
                            "snapshotVolumes": {"includedVolumes": included, "excludedVolumes": excluded}})
+            if running:  # a stopped VM's snapshot has no indications at all
+                indications = source_indications(vmi, self.c.compute.agent_connected(vmi))
+                status["indications"] = indications
+                status["sourceIndications"] = [{"indication": i, "message": INDICATION_MESSAGES[i]}
+                                               for i in indications]
             _conds(status, ("True", "Operation in progress", "Source locked and operation in progress"),
                    ("False", "Operation in progress", "Not ready"))
             self._write(SNAP, snap, status)
