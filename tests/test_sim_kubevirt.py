@@ -413,16 +413,21 @@ def test_snapshot_indications_and_restores(custom, core, sim):
             custom.get_namespaced_custom_object(*SNAP, ns, "virtualmachinesnapshots", name)), what=name)
     online = snapshot("online")
     assert online["status"]["phase"] == "Succeeded"
-    assert online["status"]["indications"] == ["Online", "GuestAgent"]
+    # Sorted, with KubeVirt's messages (pkg/storage/snapshot/snapshot.go); a stopped VM has none.
+    assert online["status"]["indications"] == ["GuestAgent", "Online"]
+    assert [i["indication"] for i in online["status"]["sourceIndications"]] == ["GuestAgent", "Online"]
+    assert online["status"]["sourceIndications"][0]["message"] == (
+        "Guest agent was active and attempted to quiesce the filesystem for application consistency.")
     assert online["status"]["snapshotVolumes"]["includedVolumes"] == ["rootdisk"]
     content = custom.get_namespaced_custom_object(*SNAP, ns, "virtualmachinesnapshotcontents",
                                                   online["status"]["virtualMachineSnapshotContentName"])
     assert content["status"]["readyToUse"] and content["spec"]["volumeBackups"][0]["volumeName"] == "rootdisk"
     http(sim).put(f"{sim.url}/sim/v1/vmis/{ns}/w/agent", json={"connected": False})
-    assert snapshot("noagent")["status"]["indications"] == ["Online", "NoGuestAgent"]
+    assert snapshot("noagent")["status"]["indications"] == ["NoGuestAgent", "Online"]
     action(sim, ns, "w", "stop")
     wait_for(lambda: vm_status(custom, ns, "w") == "Stopped", what="stopped")
-    assert snapshot("offline")["status"]["indications"] == []
+    offline = snapshot("offline")["status"]
+    assert "indications" not in offline and "sourceIndications" not in offline
     open(os.path.join(root, "opt", "state.txt"), "w").write("after")
 
     def restore(name, **spec):

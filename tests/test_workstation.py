@@ -601,7 +601,9 @@ async def test_snapshots_say_how_consistent_they_are(env):
     assert (await ws.take_snapshot("no-agent"))["consistency"] == "crash-consistent"
     await ws.stop()
     assert (await ws.take_snapshot("stopped"))["consistency"] == "offline"
-    assert [s["name"] for s in ws.snapshots()] == ["with-agent", "no-agent", "stopped"]
+    listed = ws.snapshots()  # oldest first (timestamps have whole seconds: ties are in name order)
+    assert {s["name"] for s in listed} == {"with-agent", "no-agent", "stopped"}
+    assert [s["created"] for s in listed] == sorted(s["created"] for s in listed)
 
 
 async def test_snapshot_names_are_checked_and_kept_apart(env):
