@@ -58,6 +58,7 @@ VM = Kind("VirtualMachine", "kubevirt.io", "v1", "virtualmachines")
 VMI = Kind("VirtualMachineInstance", "kubevirt.io", "v1", "virtualmachineinstances")
 DV = Kind("DataVolume", "cdi.kubevirt.io", "v1beta1", "datavolumes")
 SNAPSHOT = Kind("VirtualMachineSnapshot", "snapshot.kubevirt.io", "v1beta1", "virtualmachinesnapshots")
+RESTORE = Kind("VirtualMachineRestore", "snapshot.kubevirt.io", "v1beta1", "virtualmachinerestores")
 STORAGE_PROFILE = Kind("StorageProfile", "cdi.kubevirt.io", "v1beta1", "storageprofiles", namespaced=False)
 VM_SUBRESOURCES = Kind("VirtualMachine", "subresources.kubevirt.io", "v1", "virtualmachines")
 

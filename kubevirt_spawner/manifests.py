@@ -257,6 +257,17 @@ def virtual_machine_snapshot(ident: Identity, name: str, note: str = "") -> dict
             "spec": {"source": {"apiGroup": "kubevirt.io", "kind": "VirtualMachine", "name": ident.vm}}}
 
 
+def virtual_machine_restore(ident: Identity, snapshot_object: str, name: str) -> dict:
+    """Restore the VM from one of its snapshots, in place: the disks keep their names (the VM and
+    the DataVolumes go on pointing at them) and no owner reference to the VM, so deleting the VM
+    never takes a disk with it (KubeVirt's default, volumeOwnershipPolicy Vm, would)."""
+    return {"apiVersion": "snapshot.kubevirt.io/v1beta1", "kind": "VirtualMachineRestore",
+            "metadata": _meta(ident, name, "restore"),
+            "spec": {"target": {"apiGroup": "kubevirt.io", "kind": "VirtualMachine", "name": ident.vm},
+                     "virtualMachineSnapshotName": snapshot_object,
+                     "volumeRestorePolicy": "InPlace", "volumeOwnershipPolicy": "None"}}
+
+
 def snapshot_consistency(snapshot: dict) -> str | None:
     """How consistent a snapshot is, from KubeVirt's indications (pkg/storage/snapshot/snapshot.go):
     taken while running with the guest agent freezing the filesystems, while running without it,

@@ -577,6 +577,48 @@ class Workstation:
             self.log.info("snapshot %s done (%s)", name, done["consistency"])
             return done
 
+    async def restore(self, name: str, safety_snapshot: bool = True, timeout: float = 600.0) -> dict:
+        """Put the stopped machine back as it was in snapshot `name`, disks in place and owned by
+        nobody; first, unless told otherwise, a snapshot of how it is now. Returns the restore."""
+        with refusals_explained(self.log, "be restored"):
+            await wait_synced(self.caches, self.log, timeout)
+            self._need(self.caches.snapshots)
+            snap = self._snapshot(name)
+            if snap is None:
+                raise WorkstationError(f"There is no snapshot named {name}.", reason="no-snapshot", status_code=404)
+            if not snap["ready"]:
+                raise WorkstationError(f"The snapshot {name} is not ready yet; try again when it is.",
+                                       reason="snapshot-not-ready", status_code=409)
+            if self.status() != "stopped":
+                raise WorkstationError("Your workstation must be stopped to be restored; stop it first.",
+                                       reason="running", status_code=409)
+            stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+            if safety_snapshot:
+                await self.take_snapshot(f"before-restore-{stamp}", note=f"taken automatically before restoring {name}",
+                                         timeout=timeout)
+            restore_name = f"{self.ident.slug}-restore-{stamp}"
+            await self.kube.create(k.RESTORE, m.virtual_machine_restore(self.ident, snap["object"], restore_name))
+            self.log.info("restoring snapshot %s (%s)", name, restore_name)
+            deadline = time.monotonic() + timeout
+            while True:  # restores are rare and have no cache: one list a second by name
+                found = await self.kube.list(k.RESTORE, self.ident.namespace,
+                                             field_selector=f"metadata.name={restore_name}")
+                current: dict = next(iter(found.get("items") or []), {})
+                status = current.get("status") or {}
+                if status.get("complete"):
+                    self.log.info("restored snapshot %s", name)
+                    return current
+                failure = condition(current, "Failure")
+                if failure.get("status") == "True" or status.get("phase") == "Failed":
+                    why = failure.get("reason") or condition(current, "Ready").get("reason") or "no reason given"
+                    raise WorkstationError(f"Restoring the snapshot {name} failed ({why}).", reason="restore-failed",
+                                           status_code=500)
+                if time.monotonic() > deadline:
+                    raise WorkstationError(f"Restoring the snapshot {name} did not finish within {timeout:.0f} "
+                                           "seconds; it may still. Ask your administrator to look at "
+                                           f"VirtualMachineRestore {restore_name}.", reason="timeout", status_code=504)
+                await asyncio.sleep(1.0)
+
     async def delete_snapshot(self, name: str):
         with refusals_explained(self.log, "delete a snapshot"):
             await wait_synced(self.caches, self.log, self.settings.stop_timeout)

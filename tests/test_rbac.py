@@ -66,7 +66,7 @@ async def lifecycle(sim, kubeconfig: str) -> Outcome:
     """Everything the spawner does with a workstation, as the hub would, with the given credentials:
     a first start (clone, create), a second start while it runs (restart with a new token), a stop,
     a start with a bigger profile (template replaced, disk grown), a stop, two snapshots taken and
-    one deleted, and the deletion that keeps disks and snapshots."""
+    one deleted, a restore, and the deletion that keeps disks and snapshots."""
     user = f"u{uuid.uuid4().hex[:6]}"
     log = logging.getLogger(f"hub-{user}")
     log.propagate = False
@@ -91,6 +91,7 @@ async def lifecycle(sim, kubeconfig: str) -> Outcome:
         await ws.take_snapshot("before")
         await ws.take_snapshot("scratch")
         await ws.delete_snapshot("scratch")
+        await ws.restore("before", safety_snapshot=False)
         await ws.retire()
     except WorkstationError as err:
         error = err

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import types
 
 import pytest
@@ -626,3 +627,32 @@ async def test_snapshot_names_are_checked_and_kept_apart(env):
     await env.caches.wait_for(lambda: not ws.snapshots(), 10)
     with user_error("no-snapshot", "There is no snapshot named one"):
         await ws.delete_snapshot("one")
+
+
+async def test_restore_puts_the_system_back_in_place_and_the_disk_stays_the_users(env):
+    """A VirtualMachineRestore with volumeRestorePolicy InPlace and volumeOwnershipPolicy None
+    (staging/src/kubevirt.io/api/snapshot/v1beta1/types.go, pkg/storage/snapshot/restore.go): the
+    root disk keeps its name and gets no VM owner, so deleting the VM later keeps it. A snapshot of
+    the state before the restore is taken first."""
+    ws = workstation(env, "rhea")
+    await ws.start({}, [])
+    await ws.stop()
+    await ws.take_snapshot("clean")
+    root = env.sim.cluster.volume_dir(ws.rootdisk_pvc)
+    for marker in ("etc/broken.conf", "opt/new-cuda/VERSION"):
+        os.makedirs(os.path.dirname(os.path.join(root, marker)), exist_ok=True)
+        with open(os.path.join(root, marker), "w") as f:
+            f.write("changed after the snapshot")
+    with user_error("no-snapshot", "There is no snapshot named dirty"):
+        await ws.restore("dirty")
+    await ws.restore("clean")
+    assert not os.path.exists(os.path.join(root, "etc/broken.conf"))
+    assert not os.path.exists(os.path.join(root, "opt/new-cuda/VERSION"))
+    assert os.path.exists(os.path.join(root, "etc/os-release"))  # the system from the golden image is back
+    owners = {o["kind"] for o in ws.rootdisk_pvc["metadata"].get("ownerReferences") or []}
+    assert "VirtualMachine" not in owners
+    assert [s["name"] for s in ws.snapshots() if s["name"].startswith("before-restore-")]
+    await ws.start({}, [])  # and it boots from the restored disk
+    with user_error("running", "must be stopped to be restored"):
+        await ws.restore("clean")
+    await ws.stop(now=True)
