@@ -656,3 +656,26 @@ async def test_restore_puts_the_system_back_in_place_and_the_disk_stays_the_user
     with user_error("running", "must be stopped to be restored"):
         await ws.restore("clean")
     await ws.stop(now=True)
+
+
+async def test_kubevirts_default_restore_would_give_the_disk_to_the_vm(env):
+    """The contrast (pkg/storage/snapshot/restore.go, createRestorePVC): with the defaults,
+    volumeRestorePolicy RandomizeNames and volumeOwnershipPolicy Vm, the VM is pointed at a new
+    disk `restore-<uid>-rootdisk` owned by the VM, so deleting the VM would delete the user's disk.
+    This is why the spawner restores InPlace with ownership None."""
+    ws = workstation(env, "dora")
+    await ws.start({}, [])
+    await ws.stop()
+    snap = await ws.take_snapshot("plain")
+    default = m.virtual_machine_restore(ws.ident, snap["object"], "dora-default-restore")
+    del default["spec"]["volumeRestorePolicy"], default["spec"]["volumeOwnershipPolicy"]
+    await env.kube.create(k.RESTORE, default)
+
+    def restored_claim():
+        volume = next(v for v in field_value(ws.vm, "spec.template.spec.volumes") if v["name"] == "rootdisk")
+        claim = field_value(volume, "persistentVolumeClaim.claimName")
+        return claim if claim != ws.ident.rootdisk else None
+    claim = await env.caches.wait_for(restored_claim, 30)
+    assert claim.startswith("restore-")
+    pvc = await env.caches.wait_for(lambda: env.caches.pvcs.get(ws.ident.namespace, claim), 10)
+    assert [o["kind"] for o in pvc["metadata"].get("ownerReferences") or []] == ["VirtualMachine"]
