@@ -18,6 +18,7 @@ from . import manifests as m
 from . import names
 from . import profiles as prof
 from .objects import field_value
+from .operations import refuse_start_during_operation
 from .quantity import format_bytes, parse_quantity
 from .reflector import Caches
 from .workstation import CloneGate, Settings, Workstation, WorkstationError, refusals_explained, wait_synced
@@ -341,6 +342,9 @@ class KubeVirtSpawner(Spawner):
             except prof.ProfileError as exc:
                 raise WorkstationError(str(exc), reason="profile") from None
             ws = await self._workstation(profile, for_start=True)
+            with refusals_explained(self.log, "start"):
+                await wait_synced(ws.caches, ws.log, self.k8s_api_retry_timeout)
+            refuse_start_during_operation(ws)  # a restore or reset changes the machine now
             self.ip, self.port = "0.0.0.0", m.JUPYTER_PORT
             env = self.get_env()
             ws.log.info("starting for %s (profile %s)", self._log_name, ws.spec.profile or "-")

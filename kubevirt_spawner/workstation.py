@@ -491,6 +491,10 @@ class Workstation:
         """Stopped as far as the caches know: no VMI, and the VM no longer asks for one."""
         return self.vmi is None and field_value(self.vm, "spec.runStrategy") in (None, "Halted")
 
+    @property
+    def stopped(self) -> bool:
+        return self._gone()
+
     async def ensure_halted(self):
         """Make sure the VM does not come back by itself (KubeVirt restarts a VM whose runStrategy
         is Always when its guest powers off or crashes, or when a lost node is fenced)."""
@@ -540,9 +544,10 @@ class Workstation:
     def _snapshot(self, name: str) -> dict | None:
         return next((s for s in self.snapshots() if s["name"] == name), None)
 
-    async def take_snapshot(self, name: str, note: str = "", timeout: float = 300.0) -> dict:
+    async def take_snapshot(self, name: str, note: str = "", timeout: float = 300.0, again: bool = False) -> dict:
         """Snapshot every disk of the machine, running or stopped; return it once KubeVirt has
-        finished (Succeeded) or say why it failed."""
+        finished (Succeeded) or say why it failed. `again`: a snapshot of that name that exists
+        already is the one asked for (an operation picking up where it was interrupted)."""
         with refusals_explained(self.log, "take a snapshot"):
             await wait_synced(self.caches, self.log, timeout)
             self._need(self.caches.snapshots)
@@ -553,14 +558,16 @@ class Workstation:
             if self.vm is None:
                 raise WorkstationError("Your workstation has no machine yet: start it once, then take snapshots.",
                                        reason="no-machine", status_code=409)
-            try:
-                await self.kube.create(SNAPSHOT, obj)
-            except k.KubeError as err:
-                if err.status == 409 and err.reason == "AlreadyExists":
-                    raise WorkstationError(f"A snapshot named {name} exists already; choose another name.",
-                                           reason="snapshot-exists", status_code=409) from None
-                raise
-            self.log.info("snapshot %s requested", name)
+            if not (again and self._snapshot(name)):
+                try:
+                    await self.kube.create(SNAPSHOT, obj)
+                    self.log.info("snapshot %s requested", name)
+                except k.KubeError as err:
+                    if not (err.status == 409 and err.reason == "AlreadyExists"):
+                        raise
+                    if not again:
+                        raise WorkstationError(f"A snapshot named {name} exists already; choose another name.",
+                                               reason="snapshot-exists", status_code=409) from None
 
             def finished() -> dict | None:
                 snap = self._snapshot(name)
@@ -577,28 +584,33 @@ class Workstation:
             self.log.info("snapshot %s done (%s)", name, done["consistency"])
             return done
 
-    async def restore(self, name: str, safety_snapshot: bool = True, timeout: float = 600.0) -> dict:
-        """Put the stopped machine back as it was in snapshot `name`, disks in place and owned by
-        nobody; first, unless told otherwise, a snapshot of how it is now. Returns the restore."""
+    def snapshot_for_restore(self, name: str) -> dict:
+        """The user's snapshot `name`, ready to be restored, or the sentence why not."""
+        self._need(self.caches.snapshots)
+        snap = self._snapshot(name)
+        if snap is None:
+            raise WorkstationError(f"There is no snapshot named {name}.", reason="no-snapshot", status_code=404)
+        if not snap["ready"]:
+            raise WorkstationError(f"The snapshot {name} is not ready yet; try again when it is.",
+                                   reason="snapshot-not-ready", status_code=409)
+        return snap
+
+    async def restore_snapshot(self, name: str, restore_name: str, timeout: float = 600.0) -> dict:
+        """Put the stopped machine's disks back as they were in snapshot `name`, in place and owned
+        by nobody, with a VirtualMachineRestore called `restore_name` (made unless it exists: an
+        interrupted operation follows the one it made). Returns the finished restore."""
         with refusals_explained(self.log, "be restored"):
             await wait_synced(self.caches, self.log, timeout)
-            self._need(self.caches.snapshots)
-            snap = self._snapshot(name)
-            if snap is None:
-                raise WorkstationError(f"There is no snapshot named {name}.", reason="no-snapshot", status_code=404)
-            if not snap["ready"]:
-                raise WorkstationError(f"The snapshot {name} is not ready yet; try again when it is.",
-                                       reason="snapshot-not-ready", status_code=409)
+            snap = self.snapshot_for_restore(name)
             if self.status() != "stopped":
                 raise WorkstationError("Your workstation must be stopped to be restored; stop it first.",
                                        reason="running", status_code=409)
-            stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-            if safety_snapshot:
-                await self.take_snapshot(f"before-restore-{stamp}", note=f"taken automatically before restoring {name}",
-                                         timeout=timeout)
-            restore_name = f"{self.ident.slug}-restore-{stamp}"
-            await self.kube.create(k.RESTORE, m.virtual_machine_restore(self.ident, snap["object"], restore_name))
-            self.log.info("restoring snapshot %s (%s)", name, restore_name)
+            try:
+                await self.kube.create(k.RESTORE, m.virtual_machine_restore(self.ident, snap["object"], restore_name))
+                self.log.info("restoring snapshot %s (%s)", name, restore_name)
+            except k.KubeError as err:
+                if not (err.status == 409 and err.reason == "AlreadyExists"):
+                    raise
             deadline = time.monotonic() + timeout
             while True:  # restores are rare and have no cache: one list a second by name
                 found = await self.kube.list(k.RESTORE, self.ident.namespace,
@@ -609,8 +621,8 @@ class Workstation:
                     self.log.info("restored snapshot %s", name)
                     return current
                 failure = condition(current, "Failure")
-                if failure.get("status") == "True" or status.get("phase") == "Failed":
-                    why = failure.get("reason") or condition(current, "Ready").get("reason") or "no reason given"
+                if failure.get("status") == "True":
+                    why = failure.get("message") or failure.get("reason") or "no reason given"
                     raise WorkstationError(f"Restoring the snapshot {name} failed ({why}).", reason="restore-failed",
                                            status_code=500)
                 if time.monotonic() > deadline:
@@ -618,6 +630,44 @@ class Workstation:
                                            "seconds; it may still. Ask your administrator to look at "
                                            f"VirtualMachineRestore {restore_name}.", reason="timeout", status_code=504)
                 await asyncio.sleep(1.0)
+
+    async def delete_root_disk(self, timeout: float = 300.0):
+        """Delete the system disk (its DataVolume and PVC) of a stopped machine and wait until both are
+        gone. Only a system reset does this; the workspace disk is never touched."""
+        with refusals_explained(self.log, "delete its system disk"):
+            await wait_synced(self.caches, self.log, timeout)
+            if self.attached_elsewhere() or self.status() != "stopped":
+                raise WorkstationError("Your workstation must be stopped before its system disk is replaced.",
+                                       reason="running", status_code=409)
+            ident = self.ident
+            for kind in (k.DV, k.PVC):
+                if await self.kube.delete(kind, ident.namespace, ident.rootdisk):
+                    self.log.info("deleted %s %s", kind.kind, ident.rootdisk)
+            try:
+                await self.caches.wait_for(lambda: self.rootdisk is None and self.rootdisk_pvc is None, timeout,
+                                           ident.namespace)
+            except asyncio.TimeoutError:
+                raise WorkstationError(f"The old system disk was not gone within {timeout:.0f} seconds; ask your "
+                                       f"administrator to look at PersistentVolumeClaim {ident.namespace}/"
+                                       f"{ident.rootdisk}.", reason="timeout", status_code=504) from None
+
+    async def clone_root_disk(self, timeout: float = 900.0) -> dict:
+        """A new system disk cloned from the golden image of the current settings (a reset), once
+        cloned; the machine boots from it at its next start."""
+        with refusals_explained(self.log, "get a new system disk"):
+            dv, _ = await self._ensure(k.DV, m.root_datavolume(self.ident, self.spec), self.caches.dvs)
+            self.log.info("cloning a new system disk from %s", self.spec.golden_image)
+
+            def cloned() -> dict | None:
+                current = self.rootdisk
+                phase = field_value(current, "status.phase")
+                return current if phase == "Succeeded" or phase in WAITING_FOR_CONSUMER else None
+            try:
+                return await self.caches.wait_for(cloned, timeout, self.ident.namespace)
+            except asyncio.TimeoutError:
+                raise WorkstationError(f"The new system disk was not cloned within {timeout:.0f} seconds; it may "
+                                       "still be. Start your workstation later, or ask your administrator.",
+                                       reason="timeout", status_code=504) from None
 
     async def delete_snapshot(self, name: str):
         with refusals_explained(self.log, "delete a snapshot"):

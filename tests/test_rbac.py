@@ -91,7 +91,9 @@ async def lifecycle(sim, kubeconfig: str) -> Outcome:
         await ws.take_snapshot("before")
         await ws.take_snapshot("scratch")
         await ws.delete_snapshot("scratch")
-        await ws.restore("before", safety_snapshot=False)
+        await ws.restore_snapshot("before", f"{user}-restore")
+        await ws.delete_root_disk()  # a reset
+        await ws.clone_root_disk()
         await ws.retire()
     except WorkstationError as err:
         error = err

@@ -396,6 +396,10 @@ def test_double_attach_on_one_node_is_recorded(custom, core, sim):
 
 
 def test_snapshot_indications_and_restores(custom, core, sim):
+    """Indications as pkg/storage/snapshot/snapshot.go sets them; restores as pkg/storage/snapshot/
+    restore.go makes them: in place, a DataVolume's claim is deleted and made again under its name
+    from the VolumeSnapshot (populatedFor the DataVolume, which adopts it and is marked
+    prePopulated); RandomizeNames (the default) makes a new claim owned by the VM."""
     ns = "snaps"
     core.create_namespace({"metadata": {"name": ns}})
     running_vm(sim, custom, ns, "w")
@@ -437,10 +441,23 @@ def test_snapshot_indications_and_restores(custom, core, sim):
                      "virtualMachineSnapshotName": "online", **spec}})
         return wait_for(lambda: (lambda r: r if (r.get("status") or {}).get("complete") else None)(
             custom.get_namespaced_custom_object(*SNAP, ns, "virtualmachinerestores", name)), what=name)
-    # InPlace: the same claim gets the snapshot's data back.
+    # InPlace: a new claim of the same name with the snapshot's data, adopted by the DataVolume.
     r = restore("inplace", volumeRestorePolicy="InPlace")
     assert r["status"]["restores"][0]["persistentVolumeClaim"] == "w-disk"
+    assert r["status"]["restores"][0]["dataVolumeName"] == "w-disk"
+    again = core.read_namespaced_persistent_volume_claim("w-disk", ns)
+    assert again.metadata.uid != pvc.metadata.uid and again.spec.data_source.kind == "VolumeSnapshot"
+    assert again.metadata.annotations["cdi.kubevirt.io/storage.populatedFor"] == "w-disk"
+    assert again.metadata.annotations["restore.kubevirt.io/lastRestoreUID"].startswith("inplace-")
+    wait_for(lambda: [o.kind for o in core.read_namespaced_persistent_volume_claim("w-disk", ns).metadata
+                      .owner_references or []] == ["DataVolume"], what="the DataVolume adopts the claim")
+    dv = get(custom, CDI, ns, "datavolumes", "w-disk")
+    assert dv["metadata"]["annotations"]["cdi.kubevirt.io/storage.prePopulated"] == "w-disk"
+    assert dv["status"]["phase"] == "Succeeded"
+    root = os.path.join(sim.cluster.state_dir, "volumes", again.spec.volume_name)
     assert open(os.path.join(root, "opt", "state.txt")).read() == "before"
+    assert "restoreInProgress" not in (custom.get_namespaced_custom_object(*KV, ns, "virtualmachines", "w")
+                                       .get("status") or {})
     # RandomizeNames (the default): a new claim owned by the VM, the VM rewritten to use it.
     open(os.path.join(root, "opt", "state.txt"), "w").write("after")
     r = restore("randomized")

@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import re
 import types
 
 import pytest
@@ -19,6 +20,7 @@ from kubevirt_spawner import manifests as m
 from kubevirt_spawner import names
 from kubevirt_spawner import spawner as spawner_module
 from kubevirt_spawner.objects import condition, field_value
+from kubevirt_spawner.operations import Operation, Operations, refuse_start_during_operation
 from kubevirt_spawner.reflector import Caches
 from kubevirt_spawner.spawner import KubeVirtSpawner
 from kubevirt_spawner.workstation import CloneGate, Settings, Workstation, WorkstationError
@@ -629,33 +631,118 @@ async def test_snapshot_names_are_checked_and_kept_apart(env):
         await ws.delete_snapshot("one")
 
 
+class LocalServer:
+    """The hub's view of a server, for lifecycle tests without a hub: the machine itself."""
+
+    def __init__(self, ws: Workstation):
+        self.ws = ws
+        self.calls: list[str] = []
+
+    async def running(self) -> bool:
+        return self.ws.status() in ("running", "starting")
+
+    async def stop(self):
+        self.calls.append("stop")
+        await self.ws.stop()
+
+    async def start(self):
+        self.calls.append("start")
+        await self.ws.start({}, [])
+
+
+def write_markers(ws: Workstation, env, *paths: str) -> str:
+    root = env.sim.cluster.volume_dir(ws.rootdisk_pvc)
+    for marker in paths:
+        os.makedirs(os.path.dirname(os.path.join(root, marker)), exist_ok=True)
+        with open(os.path.join(root, marker), "w") as f:
+            f.write("changed")
+    return root
+
+
 async def test_restore_puts_the_system_back_in_place_and_the_disk_stays_the_users(env):
     """A VirtualMachineRestore with volumeRestorePolicy InPlace and volumeOwnershipPolicy None
     (staging/src/kubevirt.io/api/snapshot/v1beta1/types.go, pkg/storage/snapshot/restore.go): the
-    root disk keeps its name and gets no VM owner, so deleting the VM later keeps it. A snapshot of
-    the state before the restore is taken first."""
+    root disk keeps its name, comes back adopted by its DataVolume and gets no VM owner, so
+    deleting the VM later keeps it. A snapshot of the state before is taken first; a running
+    machine is stopped through the hub and started again."""
     ws = workstation(env, "rhea")
     await ws.start({}, [])
-    await ws.stop()
     await ws.take_snapshot("clean")
-    root = env.sim.cluster.volume_dir(ws.rootdisk_pvc)
-    for marker in ("etc/broken.conf", "opt/new-cuda/VERSION"):
-        os.makedirs(os.path.dirname(os.path.join(root, marker)), exist_ok=True)
-        with open(os.path.join(root, marker), "w") as f:
-            f.write("changed after the snapshot")
+    write_markers(ws, env, "etc/broken.conf", "opt/new-cuda/VERSION")
+    server = LocalServer(ws)
+    ops = Operations(ws, server)
     with user_error("no-snapshot", "There is no snapshot named dirty"):
-        await ws.restore("dirty")
-    await ws.restore("clean")
+        await ops.begin_restore("dirty", by="rhea")
+    old_uid = ws.rootdisk_pvc["metadata"]["uid"]
+    op = await ops.begin_restore("clean", by="rhea")
+    assert op.was_running and op.steps == ["snapshot", "stop", "restore", "start"]
+    with user_error("operation-running", re.escape("already being restored (step 1 of 4: taking a safety snapshot)")):
+        await ops.begin_reset(by="rhea")
+    with user_error("operation-running",
+                    re.escape("being restored (step 1 of 4: taking a safety snapshot); it starts by itself")):
+        refuse_start_during_operation(ws)
+    done = await ops.run(op)
+    assert done.state == "done" and server.calls == ["stop", "start"]
+    assert Operation.from_vm(ws.vm).state == "done"
+    pvc = await env.caches.wait_for(lambda: ws.rootdisk_pvc if ws.rootdisk_pvc["metadata"]["uid"] != old_uid
+                                    else None, 30, ws.ident.namespace)
+    root = env.sim.cluster.volume_dir(pvc)
     assert not os.path.exists(os.path.join(root, "etc/broken.conf"))
     assert not os.path.exists(os.path.join(root, "opt/new-cuda/VERSION"))
     assert os.path.exists(os.path.join(root, "etc/os-release"))  # the system from the golden image is back
-    owners = {o["kind"] for o in ws.rootdisk_pvc["metadata"].get("ownerReferences") or []}
-    assert "VirtualMachine" not in owners
+    owners = await env.caches.wait_for(lambda: [o["kind"] for o in ws.rootdisk_pvc["metadata"].get(
+        "ownerReferences") or []] or None, 30, ws.ident.namespace)
+    assert owners == ["DataVolume"]  # adopted again; never the VM
     assert [s["name"] for s in ws.snapshots() if s["name"].startswith("before-restore-")]
-    await ws.start({}, [])  # and it boots from the restored disk
-    with user_error("running", "must be stopped to be restored"):
-        await ws.restore("clean")
+    assert ws.status() in ("running", "starting")  # started again, as it was running before
     await ws.stop(now=True)
+
+
+async def test_reset_clones_a_new_system_disk_and_keeps_the_workspace(env):
+    """A reset deletes only the system disk, clones a new one from the golden image configured
+    now, and leaves the workspace disk as it was; the safety snapshot can bring the old system back."""
+    ws = workstation(env, "rena", m.MachineSpec(workspace_disk_size="10Gi"))
+    await ws.start({}, [])
+    await ws.stop()
+    write_markers(ws, env, "etc/custom.conf")
+    workspace = env.caches.pvcs.get(ws.ident.namespace, ws.ident.workspace)
+    with open(os.path.join(env.sim.cluster.volume_dir(workspace), "notes.txt"), "w") as f:
+        f.write("my work")
+    old_uid = ws.rootdisk_pvc["metadata"]["uid"]
+    server = LocalServer(ws)
+    ops = Operations(ws, server)
+    op = await ops.run(await ops.begin_reset(by="admin"))
+    assert op.state == "done" and not op.was_running and server.calls == []  # stopped before, stays stopped
+    assert ws.rootdisk_pvc["metadata"]["uid"] != old_uid and ws.rootdisk["status"]["phase"] == "Succeeded"
+    root = env.sim.cluster.volume_dir(ws.rootdisk_pvc)
+    assert not os.path.exists(os.path.join(root, "etc/custom.conf"))
+    assert os.path.exists(os.path.join(root, "etc/os-release"))
+    same = env.caches.pvcs.get(ws.ident.namespace, ws.ident.workspace)
+    assert same["metadata"]["uid"] == workspace["metadata"]["uid"]
+    with open(os.path.join(env.sim.cluster.volume_dir(same), "notes.txt")) as f:
+        assert f.read() == "my work"
+    # The safety snapshot brings the old system back.
+    await ops.run(await ops.begin_restore(op.safety, by="rena"))
+    pvc = await env.caches.wait_for(lambda: ws.rootdisk_pvc if (ws.rootdisk_pvc["metadata"].get("annotations") or {})
+                                    .get("restore.kubevirt.io/lastRestoreUID") else None, 30, ws.ident.namespace)
+    assert os.path.exists(os.path.join(env.sim.cluster.volume_dir(pvc), "etc/custom.conf"))
+
+
+async def test_an_interrupted_operation_goes_on_from_its_record(env):
+    """The record on the VM is all a restarted service has: running it again finishes the job
+    (the safety snapshot already taken is the one waited for, not a second one)."""
+    ws = workstation(env, "ivo")
+    await ws.start({}, [])
+    await ws.stop()
+    await ws.take_snapshot("base")
+    ops = Operations(ws, LocalServer(ws))
+    op = await ops.begin_restore("base", by="ivo")
+    await ops._step_snapshot(op)  # then the service dies
+    recorded = Operation.from_vm(ws.vm)
+    assert recorded.state == "running" and recorded.current == "snapshot" and recorded.safety == op.safety
+    before = len(ws.snapshots())
+    done = await Operations(ws, LocalServer(ws)).run(recorded)
+    assert done.state == "done" and len(ws.snapshots()) == before
 
 
 async def test_kubevirts_default_restore_would_give_the_disk_to_the_vm(env):

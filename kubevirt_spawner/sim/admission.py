@@ -22,6 +22,11 @@ def admit(store, rt: ResourceType, obj: dict, old: dict | None, user: User | Non
         check(store, rt, obj, old, user)
 
 
+def _run_strategy(vm: dict) -> str:
+    spec = vm.get("spec") or {}
+    return spec.get("runStrategy") or ("Always" if spec.get("running") else "Halted")
+
+
 def _vm(store, rt, obj, old, user):
     spec = obj.get("spec") or {}
     name = obj["metadata"]["name"]
@@ -37,6 +42,11 @@ def _vm(store, rt, obj, old, user):
     if has_strategy and spec["runStrategy"] not in RUN_STRATEGIES:
         raise errors.invalid(rt, name, [{"field": "spec.runStrategy", "reason": "FieldValueInvalid",
                                          "message": f"Invalid RunStrategy ({spec['runStrategy']})"}])
+    restoring = field_value(old, "status.restoreInProgress") if old else None
+    if restoring and _run_strategy(obj) != _run_strategy(old):
+        # pkg/storage/admitters/vm-storage-status.go
+        raise errors.invalid(rt, name, [{"field": "spec", "message":
+                                         f'Cannot update VM runStrategy until restore "{restoring}" completes'}])
     tspec = field_value(spec, "template.spec") or {}
     volumes = {v.get("name") for v in tspec.get("volumes") or []}
     for i, disk in enumerate(field_value(tspec, "domain.devices.disks") or []):

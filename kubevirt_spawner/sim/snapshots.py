@@ -9,10 +9,11 @@ import logging
 import os
 
 from ..objects import field_value
+from ..quantity import parse_quantity
 from .compute import VM, VMI, claim_names, run_strategy
-from .conditions import condition, set_condition
+from .conditions import condition, get_condition, set_condition
 from .resources import BY_KIND
-from .storage import copy_tree, replace_tree
+from .storage import POPULATED_FOR, PRE_POPULATED, copy_tree, replace_tree
 from .timeutil import now_iso, seconds_since
 
 log = logging.getLogger(__name__)
@@ -23,6 +24,11 @@ RESTORE = BY_KIND["VirtualMachineRestore"]
 VS = BY_KIND["VolumeSnapshot"]
 PVC = BY_KIND["PersistentVolumeClaim"]
 VSCLASS = BY_KIND["VolumeSnapshotClass"]
+DV = BY_KIND["DataVolume"]
+LAST_RESTORE = "restore.kubevirt.io/lastRestoreUID"
+# What a restored claim does not copy from its source (CreateRestorePVCDef).
+DROPPED_ANNOTATIONS = ("pv.kubernetes.io", "volume.beta.kubernetes.io", "cdi.kubevirt.io", "volume.kubernetes.io",
+                       "k8s.io/CloneRequest", "k8s.io/CloneOf")
 
 
 def _conds(status: dict, progressing: tuple, ready: tuple):
@@ -174,110 +180,185 @@ class Snapshots:
             import shutil
             asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, path, True)
 
-    # ================= VirtualMachineRestore
+    # ================= VirtualMachineRestore (pkg/storage/snapshot/restore.go)
     async def reconcile_restore(self, key):
         ns, name = key
         restore = self.store.get(RESTORE, ns, name)
         if restore is None or restore["metadata"].get("deletionTimestamp"):
             return
         status = copy.deepcopy(restore.get("status") or {})
-        if status.get("complete"):
+        if status.get("complete") or (get_condition({"status": status}, "Failure") or {}).get("status") == "True":
             return
-        if status.get("phase") == "Failed":
-            return
-        vm = self.store.get(VM, ns, field_value(restore, "spec.target.name") or "")
-        snap = self.store.get(SNAP, ns, field_value(restore, "spec.virtualMachineSnapshotName") or "")
         status.setdefault("complete", False)
-        if snap is None or not field_value(snap, "status.readyToUse"):
-            _conds(status, ("False", "VMSnapshot not ready", f"VMSnapshot {field_value(restore, 'spec.virtualMachineSnapshotName')} not ready"),
-                   ("False", "VMSnapshot not ready", "Not ready"))
-            self._write(RESTORE, restore, status)
-            self.c.restore_queue.add(key, self.c.t("schedule_retry"))
-            return
-        if vm is None:
-            _conds(status, ("False", "Target does not exist", "Target VM does not exist"),
-                   ("False", "Target does not exist", "Not ready"))
+        vm = self.store.get(VM, ns, field_value(restore, "spec.target.name") or "")
+        snap_name = field_value(restore, "spec.virtualMachineSnapshotName") or ""
+        snap = self.store.get(SNAP, ns, snap_name)
+        retry = None
+        if snap is None:
+            retry = f"VMSnapshot {ns}/{snap_name} does not exist"
+        elif field_value(snap, "status.phase") == "Failed":
+            retry = f"VMSnapshot {ns}/{snap_name} failed and is invalid to use"
+        elif not field_value(snap, "status.readyToUse"):
+            retry = f"VMSnapshot {ns}/{snap_name} not ready"
+        elif vm is None:
+            retry = "Target VM does not exist"
+        if retry:  # doUpdateError: not fatal, tried again
+            _conds(status, ("False", retry, ""), ("False", retry, ""))
             self._write(RESTORE, restore, status)
             self.c.restore_queue.add(key, self.c.t("schedule_retry"))
             return
         vmi = self.store.get(VMI, ns, vm["metadata"]["name"])
         if vmi is not None:
-            policy = field_value(restore, "spec.targetReadinessPolicy") or "WaitGracePeriod"
-            age = seconds_since(restore["metadata"]["creationTimestamp"])
-            if policy == "StopTarget":
-                if run_strategy(vm) != "Halted" and not vmi["metadata"].get("deletionTimestamp"):
-                    self.c.compute.vm_action(ns, vm["metadata"]["name"], "stop", {})
-                message = "Waiting for target to be stopped"
-            elif policy == "FailImmediate" or (policy == "WaitGracePeriod" and age > 300 / self.c.speed):
-                status["phase"] = "Failed"
-                _conds(status, ("False", "Failed", "Target VM is running"),
-                       ("False", "Failed", "restore failed: target VM is not ready (VMI exists)"))
-                self._write(RESTORE, restore, status)
-                self.c.events.record(restore, "Warning", "VirtualMachineRestoreError",
-                                     "Restore failed: the target VM is running", "restore-controller")
-                return
-            else:
-                message = "Waiting for target to be ready"
-            _conds(status, ("True", "Waiting", message), ("False", "Waiting", "Not ready"))
-            self._write(RESTORE, restore, status)
-            self.c.restore_queue.add(key, self.c.t("schedule_retry"))
-            return
+            return self._target_not_ready(restore, status, vm, vmi)
         content = self.store.get(CONTENT, ns, field_value(snap, "status.virtualMachineSnapshotContentName") or "")
         if content is None:
             self.c.restore_queue.add(key, self.c.t("schedule_retry"))
             return
-        if not status.get("restores"):
-            _conds(status, ("True", "Creating new PVCs", "Creating new PVCs"), ("False", "Waiting", "Not ready"))
-            status["restores"] = await self._restore_volumes(restore, vm, content)
+        holder = field_value(vm, "status.restoreInProgress")
+        if holder and holder != name:
+            _conds(status, ("False", f"vm restore {holder} in progress", ""), ("False", "Not ready", ""))
             self._write(RESTORE, restore, status)
-            self.c.step_due(self.c.restore_queue, key, "restore")
+            self.c.restore_queue.add(key, self.c.t("schedule_retry"))
+            return
+        if not holder:
+            self._write(VM, vm, {**(vm.get("status") or {}), "restoreInProgress": name})
+        if not status.get("restores"):
+            status["restores"] = self._planned_restores(restore, vm, content)
+        _conds(status, ("True", "Creating new PVCs", ""), ("False", "Waiting for new PVCs", ""))
+        if not await self._restore_volumes(restore, vm, content, status["restores"]):
+            self._write(RESTORE, restore, status)
+            self.c.restore_queue.add(key, self.c.t("schedule_retry"))
             return
         if not self.c.step_due(self.c.restore_queue, key, "restore"):
+            self._write(RESTORE, restore, status)
             return
-        self._rewrite_vm(restore, vm, content, status["restores"])
+        vm = self._rewrite_vm(restore, self.store.get(VM, ns, vm["metadata"]["name"]) or vm, content,
+                              status["restores"])
+        vm_status = dict(vm.get("status") or {})
+        vm_status.pop("restoreInProgress", None)
+        self._write(VM, vm, vm_status)
         status.update({"complete": True, "restoreTime": now_iso()})
-        _conds(status, ("False", "Operation complete", "Operation complete"),
-               ("True", "Operation complete", "Operation complete"))
+        _conds(status, ("False", "Operation complete", ""), ("True", "Operation complete", ""))
         self._write(RESTORE, restore, status)
         self.c.events.record(restore, "Normal", "VirtualMachineRestoreComplete",
                              f"Successfully completed VirtualMachineRestore {name}", "restore-controller")
 
-    async def _restore_volumes(self, restore: dict, vm: dict, content: dict) -> list[dict]:
-        ns = restore["metadata"]["namespace"]
-        in_place = field_value(restore, "spec.volumeRestorePolicy") == "InPlace"
-        owned = (field_value(restore, "spec.volumeOwnershipPolicy") or "Vm") == "Vm"
-        restores = []
-        loop = asyncio.get_running_loop()
-        for b in field_value(content, "spec.volumeBackups") or []:
-            vs = self.store.get(VS, ns, b["volumeSnapshotName"])
-            if vs is None:
-                continue
-            source = self.snapshot_dir(vs)
-            if in_place:
-                pvc = self.store.get(PVC, ns, b["persistentVolumeClaim"]["metadata"]["name"])
-                if pvc is None:
-                    pvc = self._create_pvc(b, b["persistentVolumeClaim"]["metadata"]["name"], restore, vm, owned)
-                await loop.run_in_executor(None, replace_tree, source, self.c.volume_dir(pvc))
-                claim = pvc["metadata"]["name"]
-            else:
-                claim = f"restore-{restore['metadata']['uid']}-{b['volumeName']}"
-                pvc = self.store.get(PVC, ns, claim) or self._create_pvc(b, claim, restore, vm, owned)
-                await loop.run_in_executor(None, replace_tree, source, self.c.volume_dir(pvc))
-            restores.append({"volumeName": b["volumeName"], "persistentVolumeClaim": claim,
-                             "volumeSnapshotName": b["volumeSnapshotName"]})
-        return restores
+    def _target_not_ready(self, restore: dict, status: dict, vm: dict, vmi: dict):
+        """The target still runs: wait, stop it, or fail, as targetReadinessPolicy says."""
+        ns, name = restore["metadata"]["namespace"], restore["metadata"]["name"]
+        policy = field_value(restore, "spec.targetReadinessPolicy") or "WaitGracePeriod"
+        age = seconds_since(restore["metadata"]["creationTimestamp"])
+        failure = None
+        if policy == "FailImmediate":
+            failure = "Restore target VMI must be powered off before restore operation"
+        elif policy == "WaitGracePeriod" and age > 300 / self.c.speed:
+            failure = ("Restore target failed to be ready within 5m0s. Please power off the target VM before "
+                       "attempting restore")
+        if failure:
+            set_condition(status, condition("Failure", "True", failure, ""))
+            _conds(status, ("False", failure, ""), ("False", failure, ""))
+            self._write(RESTORE, restore, status)
+            self.c.events.record(restore, "Warning", "VirtualMachineRestoreError", failure, "restore-controller")
+            return
+        if policy == "StopTarget":
+            if run_strategy(vm) != "Halted" and not vmi["metadata"].get("deletionTimestamp"):
+                self.c.compute.vm_action(ns, vm["metadata"]["name"], "stop", {})
+            message = "Automatically stopping restore target for restore operation"
+        elif policy == "WaitEventually":
+            message = "Waiting for target VM to be powered off. Please stop the restore target to proceed with restore"
+        else:
+            message = ("Waiting for target VM to be powered off. Please stop the restore target to proceed with "
+                       "restore, or the operation will fail after 5m0s")
+        _conds(status, ("False", message, ""), ("False", message, ""))
+        self._write(RESTORE, restore, status)
+        self.c.events.record(restore, "Normal", "RestoreTargetNotReady", message, "restore-controller")
+        self.c.restore_queue.add((ns, name), self.c.t("schedule_retry"))
 
-    def _create_pvc(self, backup: dict, claim: str, restore: dict, vm: dict, owned: bool) -> dict:
-        """A restored PVC is provisioned from the VolumeSnapshot, so it is bound at once."""
+    def _planned_restores(self, restore: dict, vm: dict, content: dict) -> list[dict]:
+        """status.restores: which claim each volume is restored into (restoreVolumeName), and the
+        DataVolume that owns an in-place claim (it adopts the new one)."""
         ns = restore["metadata"]["namespace"]
-        spec = copy.deepcopy(backup["persistentVolumeClaim"]["spec"])
-        spec.pop("volumeName", None)
+        policy = field_value(restore, "spec.volumeRestorePolicy") or "RandomizeNames"
+        out = []
+        for b in field_value(content, "spec.volumeBackups") or []:
+            original = b["persistentVolumeClaim"]["metadata"]["name"]
+            claim = (original if policy == "InPlace"
+                     else f"{vm['metadata']['name']}-{b['volumeName']}"[:63] if policy == "PrefixTargetName"
+                     else f"restore-{restore['metadata']['uid']}-{b['volumeName']}")
+            entry = {"volumeName": b["volumeName"], "persistentVolumeClaim": claim,
+                     "volumeSnapshotName": b["volumeSnapshotName"]}
+            current = self.store.get(PVC, ns, claim) if policy == "InPlace" else None
+            owner = next((r for r in (current or {}).get("metadata", {}).get("ownerReferences") or []
+                          if r.get("kind") == "DataVolume" and r.get("controller")), None)
+            if owner is not None:
+                entry["dataVolumeName"] = owner["name"]
+            out.append(entry)
+        return out
+
+    async def _restore_volumes(self, restore: dict, vm: dict, content: dict, restores: list[dict]) -> bool:
+        """Make each restored claim; True once all are there. In place, the old claim goes first:
+        its DataVolume is told the new one is pre-populated, the claim is deleted, and only when it
+        is gone is the new one made under the same name."""
+        ns = restore["metadata"]["namespace"]
+        owned = (field_value(restore, "spec.volumeOwnershipPolicy") or "Vm") == "Vm"
+        restore_uid = f"{restore['metadata']['name']}-{restore['metadata']['uid']}"
+        backups = {b["volumeName"]: b for b in field_value(content, "spec.volumeBackups") or []}
+        ready = True
+        for entry in restores:
+            backup = backups.get(entry["volumeName"])
+            vs = self.store.get(VS, ns, entry["volumeSnapshotName"])
+            if backup is None or vs is None:
+                continue
+            pvc = self.store.get(PVC, ns, entry["persistentVolumeClaim"])
+            if pvc is not None and ((pvc["metadata"].get("annotations") or {}).get(LAST_RESTORE) != restore_uid):
+                ready = False
+                if pvc["metadata"].get("deletionTimestamp"):
+                    continue  # still going
+                dv_name = entry.get("dataVolumeName")
+                dv = self.store.get(DV, ns, dv_name) if dv_name else None
+                if dv is not None:
+                    new = copy.deepcopy(dv)
+                    new["metadata"].setdefault("annotations", {}).update(
+                        {"restore.kubevirt.io/name": restore["metadata"]["name"], PRE_POPULATED: dv_name})
+                    self.store.update(DV, new, check_rv=False)
+                self.store.delete(PVC, ns, pvc["metadata"]["name"])
+                continue
+            if pvc is None:
+                ready = False
+                pvc = self._create_pvc(backup, entry["persistentVolumeClaim"], restore, vm,
+                                       owned and not entry.get("dataVolumeName"), entry.get("dataVolumeName"),
+                                       field_value(vs, "status.restoreSize"))
+                await asyncio.get_running_loop().run_in_executor(None, replace_tree, self.snapshot_dir(vs),
+                                                                 self.c.volume_dir(pvc))
+                if entry.get("dataVolumeName"):
+                    self.c.dv_queue.add((ns, entry["dataVolumeName"]))  # CDI adopts it
+        return ready
+
+    def _create_pvc(self, backup: dict, claim: str, restore: dict, vm: dict, owned: bool, data_volume: str | None,
+                    restore_size: str | None) -> dict:
+        """A claim provisioned from the VolumeSnapshot (CreateRestorePVCDef), bound at once: the
+        source's labels and annotations without the provisioning ones, the restore's marks, and the
+        larger of the source's size and the snapshot's restoreSize."""
+        ns = restore["metadata"]["namespace"]
+        source = backup["persistentVolumeClaim"]
+        spec = {k: copy.deepcopy(v) for k, v in (source.get("spec") or {}).items()
+                if k in ("accessModes", "resources", "storageClassName", "volumeMode")}
+        requested = field_value(spec, "resources.requests.storage")
+        if restore_size and (not requested or parse_quantity(restore_size) > parse_quantity(requested)):
+            spec.setdefault("resources", {}).setdefault("requests", {})["storage"] = restore_size
         spec["dataSource"] = {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot",
                               "name": backup["volumeSnapshotName"]}
-        meta = {"name": claim, "namespace": ns,
-                "labels": {**(backup["persistentVolumeClaim"]["metadata"].get("labels") or {}),
-                           "restore.kubevirt.io/source-vm-name": vm["metadata"]["name"]},
-                "annotations": {"restore.kubevirt.io/name": restore["metadata"]["name"]},
+        spec["dataSourceRef"] = dict(spec["dataSource"])
+        annotations = {k: v for k, v in (source["metadata"].get("annotations") or {}).items()
+                       if not k.startswith(DROPPED_ANNOTATIONS) or k == "cdi.kubevirt.io/storage.contentType"}
+        annotations.update({"restore.kubevirt.io/name": restore["metadata"]["name"],
+                            LAST_RESTORE: f"{restore['metadata']['name']}-{restore['metadata']['uid']}"})
+        if data_volume:
+            annotations[POPULATED_FOR] = data_volume
+        meta = {"name": claim, "namespace": ns, "annotations": annotations,
+                "labels": {**(source["metadata"].get("labels") or {}),
+                           "restore.kubevirt.io/source-vm-name": vm["metadata"]["name"],
+                           "restore.kubevirt.io/source-vm-namespace": ns},
                 "finalizers": ["kubernetes.io/pvc-protection"]}
         if owned:
             meta["ownerReferences"] = [self.c.owner_ref(vm)]
@@ -292,8 +373,9 @@ class Snapshots:
         os.makedirs(self.c.volume_dir(new), exist_ok=True)
         return self.store.update(PVC, new, subresource="status", check_rv=False)
 
-    def _rewrite_vm(self, restore: dict, vm: dict, content: dict, restores: list[dict]):
-        """The VM gets the snapshot's spec back, its volumes pointing at the restored claims."""
+    def _rewrite_vm(self, restore: dict, vm: dict, content: dict, restores: list[dict]) -> dict:
+        """The VM gets the snapshot's spec back (its runStrategy stays), its volumes pointing at the
+        restored claims; a standalone DataVolume volume becomes a claim volume."""
         by_volume = {r["volumeName"]: r["persistentVolumeClaim"] for r in restores}
         spec = copy.deepcopy(field_value(content, "spec.source.virtualMachine.spec") or vm.get("spec") or {})
         spec["runStrategy" if "runStrategy" in (vm.get("spec") or {}) else "running"] = \
@@ -304,9 +386,9 @@ class Snapshots:
                 v["persistentVolumeClaim"] = {"claimName": by_volume[v["name"]]}
         new = copy.deepcopy(vm)
         new["spec"] = spec
-        new["metadata"].setdefault("annotations", {})["restore.kubevirt.io/lastRestoreUID"] = \
+        new["metadata"].setdefault("annotations", {})[LAST_RESTORE] = \
             f"{restore['metadata']['name']}-{restore['metadata']['uid']}"
-        self.store.update(VM, new, check_rv=False)
+        return self.store.update(VM, new, check_rv=False)
 
     def _write(self, rt, obj: dict, status: dict):
         if status != obj.get("status"):

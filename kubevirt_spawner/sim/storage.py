@@ -22,6 +22,8 @@ PVC = BY_KIND["PersistentVolumeClaim"]
 DV = BY_KIND["DataVolume"]
 SC = BY_KIND["StorageClass"]
 PVC_PROTECTION = "kubernetes.io/pvc-protection"
+PRE_POPULATED = "cdi.kubevirt.io/storage.prePopulated"
+POPULATED_FOR = "cdi.kubevirt.io/storage.populatedFor"
 PROFILE = BY_KIND["StorageProfile"]
 VSCLASS = BY_KIND["VolumeSnapshotClass"]
 # What CDI knows of provisioners (pkg/storagecapabilities/storagecapabilities.go): Ceph RBD.
@@ -154,12 +156,22 @@ class Storage:
         dv = self.store.get(DV, ns, name)
         if dv is None or dv["metadata"].get("deletionTimestamp"):
             return
+        pvc = self.store.get(PVC, ns, name)
+        annotations = dv["metadata"].get("annotations") or {}
+        if pvc is not None and (pvc["metadata"].get("annotations") or {}).get(POPULATED_FOR) == name \
+                and not any(r.get("kind") == "DataVolume" for r in pvc["metadata"].get("ownerReferences") or []):
+            # A claim populated for this DataVolume (a restore in place): adopted, not cloned again.
+            new = copy.deepcopy(pvc)
+            new["metadata"]["ownerReferences"] = [*(pvc["metadata"].get("ownerReferences") or []), self.c.owner_ref(dv)]
+            self.store.update(PVC, new, check_rv=False)
+            return
         phase = field_value(dv, "status.phase")
         if phase in ("Succeeded", "Failed"):
             return
+        if pvc is None and PRE_POPULATED in annotations:
+            return  # someone else fills the claim (a restore); nothing to import or clone
         spec = dv.get("spec") or {}
         source = spec.get("source") or {}
-        pvc = self.store.get(PVC, ns, name)
         if pvc is None:
             if "pvc" in source:
                 src_ns = source["pvc"].get("namespace") or ns

@@ -1,0 +1,217 @@
+"""Operations on a workstation beyond start and stop: restore a snapshot, reset the system disk.
+
+Each runs in steps (a safety snapshot, stop, the change, start again), and its record (kind, steps,
+current step, state, who asked) is kept on the VM as an annotation, so that a restarted service
+picks it up where it stopped, the spawner refuses a start while it runs, and anyone reading the
+cluster sees what is happening. Stopping and starting go through the hub (`Server`), so the hub's
+view of the server stays true. Nothing here deletes anything but the system disk of a reset.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Protocol
+
+from . import kube as k
+from . import manifests as m
+from .workstation import Workstation, WorkstationError
+
+ANNOTATION_OPERATION = m.LABEL_PREFIX + "operation"
+
+STEP_LABELS = {
+    "snapshot": "taking a safety snapshot",
+    "stop": "stopping the workstation",
+    "restore": "restoring the snapshot",
+    "delete-disk": "deleting the old system disk",
+    "clone-disk": "cloning a new system disk from the golden image",
+    "start": "starting the workstation",
+}
+KIND_LABELS = {"restore": "being restored", "reset": "being reset to the golden image"}
+
+
+class Server(Protocol):
+    """The workstation's server as the hub knows it."""
+
+    async def running(self) -> bool: ...
+    async def stop(self) -> None: ...
+    async def start(self) -> None: ...
+
+
+@dataclass
+class Operation:
+    kind: str  # restore | reset
+    steps: list[str]
+    by: str
+    step: int = 0  # index into steps of the step under way
+    state: str = "running"  # running | failed | done
+    started: str = field(default_factory=lambda: _now())
+    updated: str = ""
+    snapshot: str = ""  # restore: the snapshot restored
+    safety: str = ""  # the safety snapshot's name
+    restore: str = ""  # the VirtualMachineRestore's name
+    was_running: bool = False
+    error: str = ""
+    revision: int = 0  # counts the saves: a reader knows whether it sees the latest
+
+    @property
+    def current(self) -> str:
+        return self.steps[min(self.step, len(self.steps) - 1)]
+
+    @property
+    def blocks_start(self) -> bool:
+        """A start now would race the operation (its own last step starts the machine)."""
+        return self.state == "running" and self.current != "start"
+
+    def describe(self) -> str:
+        """'being restored (step 3 of 4: restoring the snapshot)'"""
+        return (f"{KIND_LABELS.get(self.kind, self.kind)} (step {self.step + 1} of {len(self.steps)}: "
+                f"{STEP_LABELS.get(self.current, self.current)})")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_vm(cls, vm: dict | None) -> Operation | None:
+        raw = ((vm or {}).get("metadata", {}).get("annotations") or {}).get(ANNOTATION_OPERATION)
+        if not raw:
+            return None
+        try:
+            data = json.loads(raw)
+            return cls(**{key: data[key] for key in cls.__dataclass_fields__ if key in data})
+        except (ValueError, TypeError, KeyError):
+            return None  # not ours to read (hand-edited): no operation
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _stamp() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+
+
+def refuse_start_during_operation(ws: Workstation):
+    """The spawner's check: no start while an operation changes the machine."""
+    op = Operation.from_vm(ws.vm)
+    if op is not None and op.blocks_start:
+        after = ("it starts by itself when done" if op.was_running
+                 else "start it again when that is done")
+        raise WorkstationError(f"Your workstation is {op.describe()}; {after}.", reason="operation-running",
+                               status_code=409)
+
+
+class Operations:
+    """Runs restore and reset for one workstation, one operation at a time."""
+
+    def __init__(self, ws: Workstation, server: Server, safety_snapshot: bool = True, timeout: float = 900.0):
+        self.ws, self.server = ws, server
+        self.safety_snapshot = safety_snapshot
+        self.timeout = timeout
+
+    @property
+    def operation(self) -> Operation | None:
+        return Operation.from_vm(self.ws.vm)
+
+    def check_idle(self):
+        op = self.operation
+        if op is not None and op.state == "running":
+            raise WorkstationError(f"Your workstation is already {op.describe()}; wait until it is done.",
+                                   reason="operation-running", status_code=409)
+
+    def _require_machine(self):
+        if self.ws.vm is None:
+            raise WorkstationError("Your workstation has no machine yet: start it once first.", reason="no-machine",
+                                   status_code=409)
+
+    async def begin_restore(self, snapshot: str, by: str) -> Operation:
+        """Check that the restore can happen and record it; `run()` then carries it out."""
+        self._require_machine()
+        self.check_idle()
+        self.ws.snapshot_for_restore(snapshot)  # exists and is ready, or the sentence why not
+        steps = (["snapshot"] if self.safety_snapshot else []) + ["stop", "restore", "start"]
+        op = Operation("restore", steps, by, snapshot=snapshot, was_running=await self.server.running())
+        await self._save(op)
+        return op
+
+    async def begin_reset(self, by: str) -> Operation:
+        self._require_machine()
+        self.check_idle()
+        steps = (["snapshot"] if self.safety_snapshot else []) + ["stop", "delete-disk", "clone-disk", "start"]
+        op = Operation("reset", steps, by, was_running=await self.server.running())
+        await self._save(op)
+        return op
+
+    async def run(self, op: Operation) -> Operation:
+        """Carry out the steps from the one under way (each may be repeated after an interruption);
+        the record says how far it got and, on failure, why."""
+        try:
+            while op.step < len(op.steps):
+                step = op.current
+                if step == "start":  # the last step: a start must no longer be refused
+                    op.state = "done"
+                    await self._save(op)
+                await getattr(self, "_step_" + step.replace("-", "_"))(op)
+                if step == "start":
+                    break
+                op.step += 1
+                await self._save(op)
+            self.ws.log.info("%s done (asked by %s)", op.kind, op.by)
+            return op
+        except WorkstationError as err:
+            await self._fail(op, err.jupyterhub_message or str(err))
+            raise
+        except k.KubeError as err:
+            await self._fail(op, f"the cluster refused a request ({err.message})")
+            raise
+
+    async def _fail(self, op: Operation, why: str):
+        op.state, op.error = "failed", why
+        self.ws.log.warning("%s failed at step %d (%s): %s", op.kind, op.step + 1, op.current, why)
+        try:
+            await self._save(op)
+        except k.KubeError:
+            self.ws.log.exception("could not record that the %s failed", op.kind)
+
+    async def _save(self, op: Operation):
+        op.updated = _now()
+        op.revision += 1
+        await self.ws.kube.patch(k.VM, self.ws.ident.namespace, self.ws.ident.vm,
+                                 {"metadata": {"annotations": {ANNOTATION_OPERATION: op.to_json()}}})
+
+        def seen() -> bool:  # the caches may lag: later reads of the operation must see this save
+            current = Operation.from_vm(self.ws.vm)
+            return current is not None and current.revision >= op.revision
+        await self.ws.caches.wait_for(seen, 30, self.ws.ident.namespace)
+
+    # ---------------------------------------------------------------- steps
+    async def _step_snapshot(self, op: Operation):
+        if not op.safety:
+            op.safety = f"before-{op.kind}-{_stamp()}"
+            await self._save(op)  # the name first, so a restarted run finds the snapshot it took
+        what = f"restoring {op.snapshot}" if op.kind == "restore" else "a system reset"
+        await self.ws.take_snapshot(op.safety, note=f"taken automatically before {what}", timeout=self.timeout,
+                                    again=True)
+
+    async def _step_stop(self, op: Operation):
+        if await self.server.running():
+            await self.server.stop()
+        if not self.ws.stopped:  # the hub may not know of a machine that runs (or never stopped)
+            await self.ws.stop()
+
+    async def _step_restore(self, op: Operation):
+        if not op.restore:
+            op.restore = f"{self.ws.ident.slug}-restore-{_stamp()}"
+            await self._save(op)
+        await self.ws.restore_snapshot(op.snapshot, op.restore, timeout=self.timeout)
+
+    async def _step_delete_disk(self, op: Operation):
+        await self.ws.delete_root_disk(timeout=self.timeout)
+
+    async def _step_clone_disk(self, op: Operation):
+        await self.ws.clone_root_disk(timeout=self.timeout)
+
+    async def _step_start(self, op: Operation):
+        if op.was_running:
+            await self.server.start()
