@@ -655,7 +655,7 @@ class Workstation:
         """A new system disk cloned from the golden image of the current settings (a reset), once
         cloned; the machine boots from it at its next start."""
         with refusals_explained(self.log, "get a new system disk"):
-            dv, _ = await self._ensure(k.DV, m.root_datavolume(self.ident, self.spec), self.caches.dvs)
+            await self._ensure(k.DV, m.root_datavolume(self.ident, self.spec), self.caches.dvs)
             self.log.info("cloning a new system disk from %s", self.spec.golden_image)
 
             def cloned() -> dict | None:
