@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from .objects import ROOT_DISK_SERIAL, WORKSPACE_DISK_SERIAL
+
 MANAGED_BY = "kubevirt-spawner"
 LABEL_PREFIX = "kubevirt-spawner.io/"
 LABEL_WORKSTATION = LABEL_PREFIX + "workstation"
@@ -177,10 +179,12 @@ def virtual_machine(ident: Identity, spec: MachineSpec) -> dict:
     limits = {k: v for k, v in (("cpu", spec.cpu_limit), ("memory", spec.memory_limit)) if v}
     if limits:
         resources["limits"] = limits
-    disks = [{"name": "rootdisk", "bootOrder": 1, "disk": {"bus": "virtio"}}]
+    # Serials name the disks inside the guest (/dev/disk/by-id/virtio-SERIAL): the golden image
+    # mounts the workspace disk by its serial, and the guest agent's filesystem list reports them.
+    disks = [{"name": "rootdisk", "serial": ROOT_DISK_SERIAL, "bootOrder": 1, "disk": {"bus": "virtio"}}]
     volumes = [{"name": "rootdisk", "persistentVolumeClaim": {"claimName": ident.rootdisk}}]
     if spec.workspace_disk_size:
-        disks.append({"name": "workspace", "disk": {"bus": "virtio"}})
+        disks.append({"name": "workspace", "serial": WORKSPACE_DISK_SERIAL, "disk": {"bus": "virtio"}})
         volumes.append({"name": "workspace", "persistentVolumeClaim": {"claimName": ident.workspace}})
     disks += [{"name": "cloudinit", "disk": {"bus": "virtio"}},
               {"name": ENV_DISK_SERIAL, "serial": ENV_DISK_SERIAL, "disk": {"bus": "virtio"}}]

@@ -19,3 +19,10 @@ def field_value(obj: dict | None, path: str):
 def condition(obj: dict | None, ctype: str) -> dict:
     """The status condition of that type, or {} when there is none."""
     return next((c for c in field_value(obj, "status.conditions") or [] if c.get("type") == ctype), {})
+
+
+# How the guest names and mounts the workstation's disks (the golden image's fstab, the guest
+# agent's filesystem list, the simulator's guests): by the serials the VM gives them.
+ROOT_DISK_SERIAL = "rootdisk"
+WORKSPACE_DISK_SERIAL = "workspace"
+WORKSPACE_MOUNT = "/home"  # users' homes live on the workspace disk, so they survive a system reset

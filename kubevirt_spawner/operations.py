@@ -165,6 +165,9 @@ class Operations:
         except k.KubeError as err:
             await self._fail(op, f"the cluster refused a request ({err.message})")
             raise
+        except Exception as err:  # the hub refusing a stop or start, or a bug: recorded all the same
+            await self._fail(op, str(getattr(err, "message", "") or err) or type(err).__name__)
+            raise
 
     async def _fail(self, op: Operation, why: str):
         op.state, op.error = "failed", why

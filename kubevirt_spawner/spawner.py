@@ -261,6 +261,14 @@ class KubeVirtSpawner(Spawner):
                                     self.log)
         return self._current
 
+    async def workstation(self, profile_slug: str | None = None) -> Workstation:
+        """This server's lifecycle object with the machine spec of the profile `profile_slug` (the
+        default profile when that one is gone): for the workstations service, which acts on
+        servers from outside the hub's process with the hub's own settings."""
+        profiles = self._profiles()
+        profile = next((p for p in profiles if p["slug"] == profile_slug), None) or prof.choose(profiles, {})
+        return await self._workstation(profile, for_start=True)
+
     def _machine_spec(self, profile: dict | None) -> m.MachineSpec:
         values = {}
         slug = (profile or {}).get("slug", "")

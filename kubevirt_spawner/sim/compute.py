@@ -8,7 +8,7 @@ import copy
 import logging
 import os
 
-from ..objects import field_value
+from ..objects import WORKSPACE_DISK_SERIAL, WORKSPACE_MOUNT, field_value
 from . import errors
 from .admission import check_quota, gpu_requests
 from .conditions import condition, drop_condition, get_condition, set_condition
@@ -558,8 +558,37 @@ class Compute:
         self.c.events.record(vmi, "Normal", "Started", "VirtualMachineInstance started.", "virt-handler")
         if root is not None:
             first_boot(root)
+            self._mount_workspace(vmi, root)
             await self._start_guest(vmi, ip, root)
         self.c.vmi_queue.add(key, self.c.t("agent"))
+
+    def _disk_dir(self, vmi: dict, serial: str) -> tuple[dict | None, str | None]:
+        """The claim and directory of the disk with this serial."""
+        claims = dict(claim_names(vmi.get("spec") or {}))
+        for disk in field_value(vmi, "spec.domain.devices.disks") or []:
+            if disk.get("serial") == serial and claims.get(disk.get("name")):
+                pvc = self.store.get(PVC, vmi["metadata"]["namespace"], claims[disk["name"]])
+                if pvc is not None:
+                    return pvc, self.c.volume_dir(pvc)
+        return None, None
+
+    def _mount_workspace(self, vmi: dict, root: str):
+        """What the golden image's fstab does: the disk with serial `workspace` on /home (a link
+        here; the root disk's own /home, if any, is hidden while it is mounted)."""
+        _, workspace = self._disk_dir(vmi, WORKSPACE_DISK_SERIAL)
+        home = os.path.join(root, WORKSPACE_MOUNT.strip("/"))
+        if workspace is None:
+            if os.path.islink(home):
+                os.unlink(home)  # the disk was removed from the machine
+            return
+        os.makedirs(workspace, exist_ok=True)
+        if os.path.islink(home):
+            if os.readlink(home) == workspace:
+                return
+            os.unlink(home)
+        elif os.path.isdir(home):
+            os.replace(home, home + ".under-mount")
+        os.symlink(workspace, home)
 
     def root_dir(self, vmi: dict) -> str | None:
         """The directory of the first disk's volume: the machine's root filesystem."""
@@ -944,9 +973,17 @@ class Compute:
                                                  .get("name"), ""))
         from ..quantity import parse_quantity
         total = int(parse_quantity(field_value(pvc, "status.capacity.storage") or "0")) if pvc else 0
-        used = directory_size(root)
-        return [{"diskName": "vda1", "mountPoint": "/", "fileSystemType": "ext4", "usedBytes": used,
-                 "totalBytes": max(total, used), "disk": [{"busType": "virtio", "serial": "rootdisk"}]}]
+        used = directory_size(root)  # (os.walk does not follow the workspace's link)
+        out = [{"diskName": "vda1", "mountPoint": "/", "fileSystemType": "ext4", "usedBytes": used,
+                "totalBytes": max(total, used), "disk": [{"busType": "virtio", "serial": "rootdisk"}]}]
+        workspace_pvc, workspace = self._disk_dir(vmi, WORKSPACE_DISK_SERIAL)
+        if workspace is not None:
+            size = int(parse_quantity(field_value(workspace_pvc, "status.capacity.storage") or "0"))
+            used = directory_size(workspace)
+            out.append({"diskName": "vdb", "mountPoint": WORKSPACE_MOUNT, "fileSystemType": "ext4",
+                        "usedBytes": used, "totalBytes": max(size, used),
+                        "disk": [{"busType": "virtio", "serial": WORKSPACE_DISK_SERIAL}]})
+        return out
 
 
 def directory_size(path: str) -> int:

@@ -1,0 +1,43 @@
+"""The `workstations` hub service: snapshots, restore, reset, stop and keep-alive for users and
+admins, over a REST API and a rescue page, on the same lifecycle code as the spawner.
+
+Hub configs register it with `register(c, __file__)`: the hub then starts `kubevirt-spawner
+service`, which reads the spawner's settings from that same config file, so the two never
+disagree.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+SERVICE_NAME = "workstations"
+CONFIG_ENV = "KUBEVIRT_SPAWNER_HUB_CONFIG"
+# What the service may do through the hub's API: read users and their servers, start and stop
+# servers (restore and reset do, so the hub's view stays true), and record activity (keep-alive).
+SERVICE_SCOPES = ["list:users", "read:users", "read:servers", "servers", "users:activity"]
+
+
+def register(c, config_file: str, port: int = 10101, pass_env: tuple[str, ...] = ()):
+    """Add the service to a hub config `c` (call it from jupyterhub_config.py with `__file__`).
+
+    Users (through the `user` role) and each server's own token get access to it; the service's
+    role holds only SERVICE_SCOPES. `pass_env`: environment variables the config file reads,
+    passed on (a hub-managed service starts with a bare environment)."""
+    env = {name: os.environ[name] for name in pass_env if name in os.environ}
+    env[CONFIG_ENV] = os.path.abspath(config_file)
+    services = list(c.JupyterHub.services) if "services" in c.JupyterHub else []
+    services.append({"name": SERVICE_NAME, "url": f"http://127.0.0.1:{port}", "oauth_no_confirm": True,
+                     "command": [sys.executable, "-m", "kubevirt_spawner.cli", "service", "--port", str(port)],
+                     "environment": env, "display": True})
+    c.JupyterHub.services = services
+    roles = list(c.JupyterHub.load_roles) if "load_roles" in c.JupyterHub else []
+    roles.append({"name": f"{SERVICE_NAME}-service", "description": "The workstations service",
+                  "scopes": list(SERVICE_SCOPES), "services": [SERVICE_NAME]})
+    c.JupyterHub.load_roles = roles
+    access = f"access:services!service={SERVICE_NAME}"
+    extra = set(c.JupyterHub.extra_user_scopes) if "extra_user_scopes" in c.JupyterHub else set()
+    c.JupyterHub.extra_user_scopes = extra | {access}
+    # The server's own token (the guest holds it) may call the service too, for its own machine;
+    # the rest is JupyterHub's default for that token (the `server` role).
+    c.Spawner.server_token_scopes = ["users:activity!user", "access:servers!server", access]

@@ -1,0 +1,531 @@
+"""What the workstations service does, without HTTP: who may act on what, each action on the
+lifecycle layer (`workstation.py`, `operations.py`) with the spawner's own settings, audit lines
+and metrics. The web layer (`web.py`) only translates requests and answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import types
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from traitlets import Bool, Float, Integer
+from traitlets.config import LoggingConfigurable
+
+from .. import kube as k
+from .. import manifests as m
+from ..objects import ROOT_DISK_SERIAL, WORKSPACE_DISK_SERIAL, field_value
+from ..operations import Operation, Operations
+from ..quantity import parse_quantity
+from ..spawner import KubeVirtSpawner
+from ..workstation import Workstation, WorkstationError
+from .hub import Hub, HubError, HubServer
+
+FILESYSTEM_LIST = k.Kind("VirtualMachineInstance", "subresources.kubevirt.io", "v1", "virtualmachineinstances")
+VOLUME_SNAPSHOT = k.Kind("VolumeSnapshot", "snapshot.storage.k8s.io", "v1", "volumesnapshots")
+ANNOTATION_DISK_USAGE = m.LABEL_PREFIX + "disk-usage"  # the last usage the guest agent reported
+LEVELS = ((95, "95"), (85, "85"), (70, "70"))
+
+
+class ServiceError(Exception):
+    """Bad input or a refused action: an HTTP status and one sentence; nothing was changed."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Caller:
+    name: str
+    admin: bool
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _iso(moment: datetime) -> str:
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def usage_level(percent: float | None) -> str | None:
+    """ok, or the threshold (70, 85, 95 %) the disk is above."""
+    if percent is None:
+        return None
+    return next((name for limit, name in LEVELS if percent >= limit), "ok")
+
+
+def workstation_path(user: str, server: str) -> str:
+    return f"{user}/{server}" if server else user
+
+
+class Workstations(LoggingConfigurable):
+    """The service's settings (`c.Workstations.*` in the hub config) and its actions."""
+
+    snapshot_limit = Integer(20, config=True, help="""
+        Most snapshots a user may keep, over all their workstations (safety snapshots included);
+        0: no limit. Taking one more is refused with a sentence that says so.""")
+    safety_snapshot = Bool(True, config=True, help="""
+        Take a snapshot of the current state before every restore and reset.""")
+    keepalive_max_minutes = Integer(240, config=True, help="Longest keep-alive a user may ask for.")
+    keepalive_interval = Float(60.0, config=True, help="""
+        Seconds between the activity reports the service sends the hub while a keep-alive lasts.""")
+    operation_timeout = Float(1800.0, config=True, help="Seconds each step of a restore or reset may take.")
+
+    def __init__(self, hub: Hub, **kwargs):
+        super().__init__(**kwargs)
+        self.hub = hub
+        self._tasks: dict[tuple[str, str], asyncio.Task] = {}
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._keepalives: dict[tuple[str, str], datetime] = {}
+        self._usage: dict[tuple[str, str], dict] = {}
+        self.registry = CollectorRegistry()
+        self.m_operations = Counter("workstations_operations", "Operations by kind and result",
+                                    ["kind", "result"], registry=self.registry)
+        self.m_durations = Histogram("workstations_operation_seconds", "How long operations took", ["kind"],
+                                     buckets=(1, 5, 15, 60, 300, 900, 1800, 3600), registry=self.registry)
+        self.m_snapshots = Gauge("workstations_snapshots", "Snapshots per user", ["user"], registry=self.registry)
+        self.m_full = Gauge("workstations_disks_above_85_percent", "Disks over 85 % full (last known)",
+                            registry=self.registry)
+
+    # ---------------------------------------------------------------- finding workstations
+    def spawner(self, user: str, server: str) -> KubeVirtSpawner:
+        """A spawner for the server, with the hub's own settings (names, profiles, images)."""
+        orm = types.SimpleNamespace(name=server, display_name="", server=None, state=None, user_options=None)
+        return KubeVirtSpawner(config=self.config, log=self.log, orm_spawner=orm,
+                               user=types.SimpleNamespace(name=user, url=f"/user/{user}/"))
+
+    async def workstation(self, user: str, server: str) -> Workstation:
+        """The lifecycle object of user/server with the spec of the profile it runs with."""
+        spawner = self.spawner(user, server)
+        ws = await spawner.workstation()
+        slug = ((ws.vm or {}).get("metadata", {}).get("annotations") or {}).get(m.ANNOTATION_PROFILE)
+        if slug and slug != ws.spec.profile:
+            ws = await spawner.workstation(slug)
+        return ws
+
+    async def existing(self, caller: Caller, user: str, server: str) -> Workstation:
+        """The workstation the caller names, if they may act on it and it exists."""
+        self.authorize(caller, user)
+        ws = await self.workstation(user, server)
+        if ws.vm is None:
+            which = f"named {server}" if server else ""
+            raise ServiceError(404, f"{user} has no workstation {which}".rstrip() + ".")
+        return ws
+
+    def authorize(self, caller: Caller, user: str):
+        if caller.name != user and not caller.admin:
+            raise ServiceError(403, "You may only act on your own workstations.")
+
+    def _caches(self):
+        return self.spawner("-", "")._shared()["caches"]
+
+    def all_workstations(self) -> list[tuple[str, str]]:
+        """(user, server) of every workstation in the cluster, from the VMs' annotations."""
+        out = set()
+        for vm in self._caches().vms.values():
+            ann = vm["metadata"].get("annotations") or {}
+            if m.LABEL_WORKSTATION in (vm["metadata"].get("labels") or {}) and ann.get(m.ANNOTATION_USERNAME):
+                out.add((ann[m.ANNOTATION_USERNAME], ann.get(m.ANNOTATION_SERVERNAME, "")))
+        return sorted(out)
+
+    # ---------------------------------------------------------------- reading
+    async def list_workstations(self, caller: Caller, user: str | None = None) -> list[dict]:
+        if user is not None:
+            self.authorize(caller, user)
+        elif not caller.admin:
+            user = caller.name
+        out = []
+        for owner, server in self.all_workstations():
+            if user is None or owner == user:
+                out.append(await self.describe(await self.workstation(owner, server)))
+        return out
+
+    async def describe(self, ws: Workstation) -> dict:
+        ident, vm = ws.ident, ws.vm or {}
+        ann = vm.get("metadata", {}).get("annotations") or {}
+        vmi = ws.vmi
+        server = await self._hub_server(ident.user, ident.server)
+        cloned_from = field_value(ws.rootdisk, "spec.source.pvc")
+        cloned = f"{cloned_from.get('namespace')}/{cloned_from.get('name')}" if cloned_from else None
+        snaps = ws.snapshots()
+        op = Operation.from_vm(vm)
+        keepalive = self._keepalives.get((ident.user, ident.server))
+        template = field_value(vm, "spec.template.spec") or {}
+        return {
+            "user": ident.user, "server": ident.server, "phase": ws.status(),
+            "hub": {"ready": bool(server and server.get("ready")), "pending": (server or {}).get("pending"),
+                    "last_activity": (server or {}).get("last_activity"), "url": (server or {}).get("url")},
+            "profile": {"slug": ann.get(m.ANNOTATION_PROFILE, ""), "version": ann.get(m.ANNOTATION_PROFILE_VERSION, "")},
+            "cpu": field_value(template, "domain.resources.requests.cpu"),
+            "memory": field_value(template, "domain.resources.requests.memory"),
+            "gpus": [g.get("deviceName") for g in field_value(template, "domain.devices.gpus") or []],
+            "node": field_value(vmi, "status.nodeName"),
+            "disks": await self.disks(ws),
+            "golden_image": {"cloned_from": cloned, "configured": ws.spec.golden_image,
+                             "newer_available": bool(cloned and cloned != ws.spec.golden_image)},
+            "snapshots": {"count": len(snaps), "total_size": await self._snapshots_size(ws)},
+            "operation": _operation_view(op),
+            "keepalive_until": _iso(keepalive) if keepalive and keepalive > _now() else None,
+        }
+
+    async def _hub_server(self, user: str, server: str) -> dict | None:
+        try:
+            return await self.hub.server(user, server)
+        except HubError as err:
+            self.log.warning("cannot read %s's server from the hub: %s", user, err)
+            return None
+
+    async def disks(self, ws: Workstation) -> dict:
+        """Size of each disk, and its usage as the guest agent reports it (the last known when the
+        machine is stopped or the agent does not answer)."""
+        key = (ws.ident.user, ws.ident.server)
+        usage = await self._live_usage(ws)
+        if usage:
+            await self._remember_usage(ws, usage)
+        else:
+            usage = self._usage.get(key) or _json((ws.vm or {}).get("metadata", {}).get("annotations", {})
+                                                  .get(ANNOTATION_DISK_USAGE)) or {}
+        out: dict = {}
+        for disk, claim in (("root", ws.ident.rootdisk), ("workspace", ws.ident.workspace)):
+            pvc = ws.caches.pvcs.get(ws.ident.namespace, claim)
+            if pvc is None:
+                out[disk] = None
+                continue
+            seen = usage.get(disk) or {}
+            percent = round(100.0 * seen["used"] / seen["total"], 1) if seen.get("total") else None
+            out[disk] = {"size": field_value(pvc, "status.capacity.storage") or field_value(
+                pvc, "spec.resources.requests.storage"), "used_bytes": seen.get("used"),
+                "total_bytes": seen.get("total"), "percent": percent, "level": usage_level(percent),
+                "measured": seen.get("at"), "live": bool(usage.get("live"))}
+        return out
+
+    async def _live_usage(self, ws: Workstation) -> dict | None:
+        if ws.status() != "running":
+            return None
+        try:
+            answer = await ws.kube.call("GET", FILESYSTEM_LIST.path(ws.ident.namespace, ws.ident.vm,
+                                                                    "filesystemlist"))
+        except k.KubeError as err:
+            ws.log.debug("no filesystem list from the guest agent: %s", err)
+            return None
+        at = _iso(_now())
+        usage: dict = {"live": True}
+        for fs in (answer or {}).get("items") or []:
+            serials = {d.get("serial") for d in fs.get("disk") or []}
+            disk = ("root" if ROOT_DISK_SERIAL in serials or fs.get("mountPoint") == "/"
+                    else "workspace" if WORKSPACE_DISK_SERIAL in serials else None)
+            if disk and disk not in usage:
+                usage[disk] = {"used": int(fs.get("usedBytes") or 0), "total": int(fs.get("totalBytes") or 0), "at": at}
+        return usage
+
+    async def _remember_usage(self, ws: Workstation, usage: dict):
+        """Kept in memory, and on the VM when a level changes (what a stopped machine shows)."""
+        key = (ws.ident.user, ws.ident.server)
+        stored = {disk: usage[disk] for disk in ("root", "workspace") if disk in usage}
+        before = _json(((ws.vm or {}).get("metadata", {}).get("annotations") or {}).get(ANNOTATION_DISK_USAGE)) or {}
+        self._usage[key] = stored
+
+        def level(data: dict, disk: str):
+            d = data.get(disk) or {}
+            return usage_level(100.0 * d["used"] / d["total"]) if d.get("total") else None
+        if any(level(stored, d) != level(before, d) for d in ("root", "workspace")) or not before:
+            await ws.kube.patch(k.VM, ws.ident.namespace, ws.ident.vm, {"metadata": {"annotations": {
+                ANNOTATION_DISK_USAGE: json.dumps(stored, sort_keys=True)}}})
+
+    async def _snapshots_size(self, ws: Workstation) -> str | None:
+        """What the snapshots' disks add up to (VolumeSnapshot restoreSize: the size of the disks
+        they restore; the storage keeps only the changed blocks)."""
+        try:
+            listing = await ws.kube.list(VOLUME_SNAPSHOT, ws.ident.namespace,
+                                         f"snapshot.kubevirt.io/source-vm-name={ws.ident.vm}")
+        except k.KubeError as err:
+            ws.log.debug("cannot list volume snapshots: %s", err)
+            return None
+        total = sum(parse_quantity(field_value(vs, "status.restoreSize") or "0") for vs in listing.get("items") or [])
+        return f"{int(total / 2 ** 30)}Gi" if total else "0"
+
+    # ---------------------------------------------------------------- snapshots
+    def _user_snapshot_count(self, user: str) -> int:
+        return sum(1 for s in self._caches().snapshots.values()
+                   if (s["metadata"].get("annotations") or {}).get(m.ANNOTATION_USERNAME) == user)
+
+    async def take_snapshot(self, caller: Caller, user: str, server: str, name: str | None, note: str) -> dict:
+        ws = await self.existing(caller, user, server)
+        name = name or f"snapshot-{_now().strftime('%Y%m%d-%H%M%S')}"
+        try:
+            m.virtual_machine_snapshot(ws.ident, name, note)
+        except ValueError as exc:
+            raise ServiceError(400, str(exc)) from None
+        if self.snapshot_limit and self._user_snapshot_count(user) >= self.snapshot_limit:
+            raise ServiceError(409, f"{user} has {self.snapshot_limit} snapshots, the most allowed; delete one "
+                                    "before taking another.")
+        async with self._lock(user, server):
+            self._refuse_during_operation(ws)
+            return await self._audited(caller, "snapshot", ws, ws.take_snapshot(name, note, self.operation_timeout),
+                                       detail=name)
+
+    async def snapshots(self, caller: Caller, user: str, server: str) -> list[dict]:
+        ws = await self.existing(caller, user, server)
+        return [{key: s[key] for key in ("name", "note", "created", "consistency", "ready", "phase", "error")}
+                for s in ws.snapshots()]
+
+    async def delete_snapshot(self, caller: Caller, user: str, server: str, name: str):
+        ws = await self.existing(caller, user, server)
+        async with self._lock(user, server):
+            op = Operation.from_vm(ws.vm)
+            if op is not None and op.state == "running" and name in (op.snapshot, op.safety):
+                raise ServiceError(409, f"The snapshot {name} is in use by the {op.kind} under way.")
+            await self._audited(caller, "delete-snapshot", ws, ws.delete_snapshot(name), detail=name)
+
+    # ---------------------------------------------------------------- operations
+    def _lock(self, user: str, server: str) -> asyncio.Lock:
+        return self._locks.setdefault((user, server), asyncio.Lock())
+
+    def _refuse_during_operation(self, ws: Workstation):
+        op = Operation.from_vm(ws.vm)
+        if op is not None and op.state == "running":
+            raise ServiceError(409, f"The workstation is {op.describe()}; wait until it is done.")
+
+    def operations(self, ws: Workstation) -> Operations:
+        return Operations(ws, HubServer(self.hub, ws.ident.user, ws.ident.server, ws.settings.stop_timeout + 60),
+                          safety_snapshot=self.safety_snapshot, timeout=self.operation_timeout)
+
+    async def restore(self, caller: Caller, user: str, server: str, snapshot: str, confirm) -> dict:
+        ws = await self.existing(caller, user, server)
+        if confirm is not True:
+            raise ServiceError(400, 'Confirm the restore with "confirm": true: the workstation is stopped and its '
+                                    "disks are put back as they were in the snapshot.")
+        if not isinstance(snapshot, str) or not snapshot:
+            raise ServiceError(400, 'Name the snapshot to restore ("snapshot").')
+        return await self._begin(caller, ws, "restore", lambda ops: ops.begin_restore(snapshot, caller.name),
+                                 detail=snapshot)
+
+    async def reset(self, caller: Caller, user: str, server: str, confirm) -> dict:
+        ws = await self.existing(caller, user, server)
+        expected = workstation_path(user, server)
+        if confirm != expected:
+            raise ServiceError(400, f'Type the workstation\'s name to confirm the reset ("confirm": "{expected}"): '
+                                    "its system disk is replaced by a fresh copy of the golden image; the workspace "
+                                    "disk is kept and a snapshot is taken first.")
+        return await self._begin(caller, ws, "reset", lambda ops: ops.begin_reset(caller.name))
+
+    async def _begin(self, caller: Caller, ws: Workstation, kind: str, begin, detail: str = "") -> dict:
+        key = (ws.ident.user, ws.ident.server)
+        async with self._lock(*key):
+            ops = self.operations(ws)
+            running = self._tasks.get(key)
+            if running is not None and not running.done():
+                op = ops.operation
+                raise ServiceError(409, f"The workstation is {op.describe() if op else 'busy'}; wait until it is done.")
+            try:
+                op = await begin(ops)
+            except WorkstationError as err:
+                self._audit(caller, kind, ws, f"refused: {err.jupyterhub_message}", detail)
+                raise ServiceError(err.status_code, err.jupyterhub_message or str(err)) from None
+            self._audit(caller, kind, ws, "started", detail)
+            self._tasks[key] = asyncio.ensure_future(self._run(caller.name, ops, op, detail))
+            return _operation_view(op) or {}
+
+    async def _run(self, by: str, ops: Operations, op: Operation, detail: str = ""):
+        """An operation in the background; its record on the VM says how it went."""
+        began = asyncio.get_running_loop().time()
+        result = "failed"
+        try:
+            await ops.run(op)
+            result = "succeeded"
+        except (WorkstationError, k.KubeError, HubError) as err:
+            ops.ws.log.warning("%s failed: %s", op.kind, getattr(err, "jupyterhub_message", None) or err)
+        except Exception:  # recorded on the VM by run(); the details are for the admin
+            ops.ws.log.exception("%s failed", op.kind)
+        finally:
+            self.m_operations.labels(op.kind, result).inc()
+            self.m_durations.labels(op.kind).observe(asyncio.get_running_loop().time() - began)
+            self.log.info("audit: %s %s %s: %s%s", by, op.kind, workstation_path(ops.ws.ident.user,
+                                                                                 ops.ws.ident.server),
+                          result, f" ({detail})" if detail else "")
+
+    async def resume_interrupted(self):
+        """At start-up: operations a previous run of the service left under way go on."""
+        for user, server in self.all_workstations():
+            ws = await self.workstation(user, server)
+            op = Operation.from_vm(ws.vm)
+            if op is not None and op.state == "running":
+                ws.log.info("going on with the %s %s asked for (%s)", op.kind, op.by, op.describe())
+                self._tasks[(user, server)] = asyncio.ensure_future(self._run(op.by, self.operations(ws), op,
+                                                                              op.snapshot))
+
+    async def wait_idle(self, user: str, server: str):
+        """For tests and a clean shutdown: the operation of that workstation, if any, has ended."""
+        task = self._tasks.get((user, server))
+        if task is not None:
+            await asyncio.wait([task])
+
+    # ---------------------------------------------------------------- stop, keep-alive
+    async def stop(self, caller: Caller, user: str, server: str) -> dict:
+        ws = await self.existing(caller, user, server)
+        async with self._lock(user, server):
+            self._refuse_during_operation(ws)
+            if not await self.hub.running(user, server) and ws.stopped:
+                return {"stopped": True, "changed": False}
+            await self._audited(caller, "stop", ws, self.hub.stop(user, server, ws.settings.stop_timeout + 60))
+            self._keepalives.pop((user, server), None)
+            return {"stopped": True, "changed": True}
+
+    async def keepalive(self, caller: Caller, user: str, server: str, minutes) -> dict:
+        ws = await self.existing(caller, user, server)
+        if not isinstance(minutes, int) or isinstance(minutes, bool) or minutes < 1:
+            raise ServiceError(400, 'Say for how many minutes to keep the workstation running ("minutes": 60).')
+        if minutes > self.keepalive_max_minutes:
+            raise ServiceError(400, f"A keep-alive lasts at most {self.keepalive_max_minutes} minutes.")
+        if ws.status() not in ("running", "starting"):
+            raise ServiceError(409, "The workstation is not running; start it first.")
+        until = _now() + timedelta(minutes=minutes)
+        await self.hub.record_activity(user, server, _now())
+        self._keepalives[(user, server)] = until
+        self._audit(caller, "keepalive", ws, "ok", f"{minutes} min")
+        return {"keepalive_until": _iso(until)}
+
+    async def report_keepalives(self):
+        """Every keepalive_interval: activity for the servers whose keep-alive lasts."""
+        while True:
+            await asyncio.sleep(self.keepalive_interval)
+            now = _now()
+            for (user, server), until in list(self._keepalives.items()):
+                if until <= now:
+                    del self._keepalives[(user, server)]
+                    continue
+                try:
+                    await self.hub.record_activity(user, server, now)
+                except HubError as err:
+                    self.log.warning("keep-alive of %s: the hub refused the activity: %s",
+                                     workstation_path(user, server), err)
+
+    # ---------------------------------------------------------------- admin
+    def capacity(self, caller: Caller) -> dict:
+        if not caller.admin:
+            raise ServiceError(403, "Only administrators see the capacity view.")
+        caches = self._caches()
+        cpu = memory = 0.0
+        gpus: dict[str, int] = {}
+        for vmi in caches.vmis.values():
+            if field_value(vmi, "status.phase") in ("Succeeded", "Failed"):
+                continue
+            requests = field_value(vmi, "spec.domain.resources.requests") or {}
+            cpu += float(parse_quantity(requests.get("cpu") or "0"))
+            memory += float(parse_quantity(requests.get("memory") or "0"))
+            for gpu in field_value(vmi, "spec.domain.devices.gpus") or []:
+                gpus[gpu.get("deviceName", "?")] = gpus.get(gpu.get("deviceName", "?"), 0) + 1
+        provisioned = sum(parse_quantity(field_value(p, "status.capacity.storage") or "0")
+                          for p in caches.pvcs.values())
+        used = sum(d.get("used", 0) for usage in self._usage.values() for d in usage.values())
+        running = {(v["metadata"]["namespace"], v["metadata"]["name"]) for v in caches.vmis.values()}
+        stopped = []
+        for vm in caches.vms.values():
+            if (vm["metadata"]["namespace"], vm["metadata"]["name"]) in running:
+                continue
+            ann = vm["metadata"].get("annotations") or {}
+            since = next((c.get("lastTransitionTime") for c in field_value(vm, "status.conditions") or []
+                          if c.get("type") == "Ready"), None)
+            stopped.append({"user": ann.get(m.ANNOTATION_USERNAME), "server": ann.get(m.ANNOTATION_SERVERNAME, ""),
+                            "stopped_since": since})
+        retained = []
+        for kind, cache in (("DataVolume", caches.dvs), ("PersistentVolumeClaim", caches.pvcs)):
+            for obj in cache.values():
+                meta = obj["metadata"]
+                if m.LABEL_RETAINED in (meta.get("labels") or {}):
+                    retained.append({"kind": kind, "namespace": meta["namespace"], "name": meta["name"],
+                                     "user": (meta.get("annotations") or {}).get(m.ANNOTATION_USERNAME),
+                                     "retain_until": (meta.get("annotations") or {}).get(m.ANNOTATION_RETAIN_UNTIL)})
+        return {"running": len(running), "cpu": cpu, "memory_bytes": int(memory), "gpus": gpus,
+                "disks": {"provisioned_bytes": int(provisioned), "used_bytes_last_known": int(used)},
+                "snapshots": len(caches.snapshots.values()),
+                "stopped": sorted(stopped, key=lambda s: s["stopped_since"] or ""),
+                "retained": sorted(retained, key=lambda r: (r["retain_until"] or "", r["name"]))}
+
+    async def purge(self, caller: Caller, user: str, server: str, confirm) -> dict:
+        """Delete the retained disks and snapshots of a deleted workstation, once their retention
+        has ended and the admin typed the user's name."""
+        if not caller.admin:
+            raise ServiceError(403, "Only administrators may purge retained disks.")
+        if confirm != user:
+            raise ServiceError(400, f'Type the user\'s name to confirm the purge ("confirm": "{user}"): their kept '
+                                    "disks and snapshots are deleted for good.")
+        ws = await self.workstation(user, server)
+        if ws.vm is not None:
+            raise ServiceError(409, f"{workstation_path(user, server)} still has its workstation; only the disks of a "
+                                    "deleted workstation are purged.")
+        caches, ns, slug = ws.caches, ws.ident.namespace, ws.ident.slug
+        kept = [(kind, obj) for kind, cache in ((k.DV, caches.dvs), (k.PVC, caches.pvcs),
+                                                (k.SNAPSHOT, caches.snapshots))
+                for obj in cache.values()
+                if obj["metadata"]["namespace"] == ns
+                and (obj["metadata"].get("labels") or {}).get(m.LABEL_WORKSTATION) == slug]
+        if not kept:
+            raise ServiceError(404, f"{workstation_path(user, server)} has no retained disks.")
+        now = _iso(_now())
+        early = [obj["metadata"]["name"] for _, obj in kept
+                 if (obj["metadata"].get("annotations") or {}).get(m.ANNOTATION_RETAIN_UNTIL, "9999") > now]
+        if early:
+            until = max((obj["metadata"].get("annotations") or {}).get(m.ANNOTATION_RETAIN_UNTIL, "never")
+                        for _, obj in kept)
+            raise ServiceError(409, f"The disks of {workstation_path(user, server)} are kept until {until}; they can "
+                                    "be purged after that.")
+        deleted = []
+        for kind, obj in kept:
+            if await ws.kube.delete(kind, ns, obj["metadata"]["name"]):
+                deleted.append(f"{kind.kind}/{obj['metadata']['name']}")
+        self._audit(caller, "purge", ws, "deleted " + ", ".join(deleted))
+        return {"deleted": deleted}
+
+    # ---------------------------------------------------------------- audit, metrics
+    def _audit(self, caller: Caller, action: str, ws: Workstation, result: str, detail: str = ""):
+        self.log.info("audit: %s %s %s: %s%s", caller.name, action, workstation_path(ws.ident.user, ws.ident.server),
+                      result, f" ({detail})" if detail else "")
+
+    async def _audited(self, caller: Caller, action: str, ws: Workstation, work, detail: str = ""):
+        try:
+            result = await work
+        except WorkstationError as err:
+            self._audit(caller, action, ws, f"failed: {err.jupyterhub_message}", detail)
+            raise ServiceError(err.status_code, err.jupyterhub_message or str(err)) from None
+        except HubError as err:
+            self._audit(caller, action, ws, f"failed: the hub said {err}", detail)
+            raise ServiceError(502, f"The hub refused: {err.message}") from None
+        self._audit(caller, action, ws, "done", detail)
+        self.m_operations.labels(action, "succeeded").inc()
+        return result
+
+    def refresh_metrics(self):
+        per_user: dict[str, int] = {}
+        for snap in self._caches().snapshots.values():
+            user = (snap["metadata"].get("annotations") or {}).get(m.ANNOTATION_USERNAME)
+            if user:
+                per_user[user] = per_user.get(user, 0) + 1
+        self.m_snapshots.clear()
+        for user, count in per_user.items():
+            self.m_snapshots.labels(user).set(count)
+        full = sum(1 for usage in self._usage.values() for d in usage.values()
+                   if d.get("total") and 100.0 * d["used"] / d["total"] >= 85)
+        self.m_full.set(full)
+
+
+def _json(raw) -> dict | None:
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:
+        return None
+
+
+def _operation_view(op: Operation | None) -> dict | None:
+    if op is None:
+        return None
+    return {"kind": op.kind, "state": op.state, "step": op.step + 1, "steps": len(op.steps),
+            "step_name": op.current, "description": op.describe(), "by": op.by, "started": op.started,
+            "updated": op.updated, "snapshot": op.snapshot or None, "safety_snapshot": op.safety or None,
+            "error": op.error or None}
