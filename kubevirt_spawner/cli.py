@@ -28,6 +28,15 @@ def _demo(args) -> int:
     return run(args.state, args.port, args.speed)
 
 
+def _service(args) -> int:
+    from .service.web import serve
+    try:
+        asyncio.run(serve(args.port, args.config))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kubevirt-spawner", description=__doc__)
     parser.add_argument("--log-level", default="INFO")
@@ -47,6 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--port", type=int, default=8000, help="public port of the hub on 127.0.0.1 (default 8000)")
     demo.add_argument("--speed", type=float, default=5.0, help="simulated cluster speed factor (default 5)")
     demo.set_defaults(func=_demo)
+    service = sub.add_parser("service", help="run the workstations hub service (JupyterHub starts it)")
+    service.add_argument("--port", type=int, default=10101, help="port on 127.0.0.1 (default 10101)")
+    service.add_argument("--config", default=None, help="the hub's config file (default: "
+                                                        "$KUBEVIRT_SPAWNER_HUB_CONFIG, set by service.register)")
+    service.set_defaults(func=_service)
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command in ("sim", "demo") and args.speed <= 0:

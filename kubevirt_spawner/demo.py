@@ -76,6 +76,7 @@ class HubSettings:
     proxy_api_port: int
     proxy_token: str
     admin_token: str
+    service_port: int
     extra_config: str | None = None
 
     @property
@@ -88,6 +89,7 @@ class HubSettings:
                     "KUBEVIRT_DEMO_PORT": str(self.port), "KUBEVIRT_DEMO_HUB_PORT": str(self.hub_port),
                     "CONFIGPROXY_API_URL": f"http://127.0.0.1:{self.proxy_api_port}",
                     "CONFIGPROXY_AUTH_TOKEN": self.proxy_token, "KUBEVIRT_DEMO_ADMIN_TOKEN": self.admin_token,
+                    "KUBEVIRT_DEMO_SERVICE_PORT": str(self.service_port),
                     "KUBEVIRT_DEMO_EXTRA_CONFIG": self.extra_config or ""})
         return env
 
@@ -97,15 +99,17 @@ class HubSettings:
         API URL in their environment, so the hub must come back at the same address."""
         state_dir.mkdir(parents=True, exist_ok=True)
         saved_file = state_dir / "demo-settings.json"
-        if saved_file.exists():
-            saved = json.loads(saved_file.read_text())
-        else:
-            saved = {"proxy_token": secrets.token_hex(32), "admin_token": secrets.token_hex(32),
-                     "hub_port": free_port(), "proxy_api_port": free_port()}
+        saved = json.loads(saved_file.read_text()) if saved_file.exists() else {}
+        fresh = {"proxy_token": lambda: secrets.token_hex(32), "admin_token": lambda: secrets.token_hex(32),
+                 "hub_port": free_port, "proxy_api_port": free_port, "service_port": free_port}
+        missing = [key for key in fresh if key not in saved]
+        for key in missing:  # (a state directory from an older version lacks the newer ones)
+            saved[key] = fresh[key]()
+        if missing:
             saved_file.write_text(json.dumps(saved))
             saved_file.chmod(0o600)
         return cls(state_dir, kubeconfig, port or free_port(), saved["hub_port"], saved["proxy_api_port"],
-                   saved["proxy_token"], saved["admin_token"], extra_config)
+                   saved["proxy_token"], saved["admin_token"], saved["service_port"], extra_config)
 
 
 def start_proxy(settings: HubSettings, log_path: Path) -> subprocess.Popen:

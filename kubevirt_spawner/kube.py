@@ -61,6 +61,8 @@ SNAPSHOT = Kind("VirtualMachineSnapshot", "snapshot.kubevirt.io", "v1beta1", "vi
 RESTORE = Kind("VirtualMachineRestore", "snapshot.kubevirt.io", "v1beta1", "virtualmachinerestores")
 STORAGE_PROFILE = Kind("StorageProfile", "cdi.kubevirt.io", "v1beta1", "storageprofiles", namespaced=False)
 VM_SUBRESOURCES = Kind("VirtualMachine", "subresources.kubevirt.io", "v1", "virtualmachines")
+VMI_SUBRESOURCES = Kind("VirtualMachineInstance", "subresources.kubevirt.io", "v1", "virtualmachineinstances")
+VOLUME_SNAPSHOT = Kind("VolumeSnapshot", "snapshot.storage.k8s.io", "v1", "volumesnapshots")
 
 RETRY_STATUS = {429, 500, 502, 503, 504}
 AUTH_REFRESH_SECONDS = 30.0

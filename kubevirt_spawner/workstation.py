@@ -584,6 +584,37 @@ class Workstation:
             self.log.info("snapshot %s done (%s)", name, done["consistency"])
             return done
 
+    async def snapshots_size(self) -> float | None:
+        """Bytes the snapshots' disks add up to: each VolumeSnapshot's restoreSize, the size of the
+        disk it restores (Ceph keeps only the changed blocks). None when they cannot be read."""
+        with refusals_explained(self.log, "count its snapshots' size"):
+            try:
+                listing = await self.kube.list(k.VOLUME_SNAPSHOT, self.ident.namespace,
+                                               f"snapshot.kubevirt.io/source-vm-name={self.ident.vm}")
+            except k.KubeError as err:
+                if err.permission_denied:
+                    raise
+                self.log.debug("cannot list volume snapshots: %s", err)  # (no CSI snapshot API here)
+                return None
+        return float(sum(parse_quantity(field_value(vs, "status.restoreSize") or "0")
+                         for vs in listing.get("items") or []))
+
+    async def filesystems(self) -> list[dict] | None:
+        """The guest agent's filesystem list (mount point, used and total bytes, disk serials) of the
+        running machine; None when it is not running or the agent does not answer."""
+        if self.status() != "running":
+            return None
+        with refusals_explained(self.log, "report its disk usage"):
+            try:
+                answer = await self.kube.call("GET", k.VMI_SUBRESOURCES.path(self.ident.namespace, self.ident.vm,
+                                                                             "filesystemlist"))
+            except k.KubeError as err:
+                if err.permission_denied:
+                    raise
+                self.log.debug("no filesystem list from the guest agent: %s", err)  # (409: no agent yet)
+                return None
+        return (answer or {}).get("items") or []
+
     def snapshot_for_restore(self, name: str) -> dict:
         """The user's snapshot `name`, ready to be restored, or the sentence why not."""
         self._need(self.caches.snapshots)

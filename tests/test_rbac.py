@@ -17,6 +17,7 @@ import pytest
 from kubevirt_spawner import kube as k
 from kubevirt_spawner import manifests as m
 from kubevirt_spawner import names
+from kubevirt_spawner.objects import condition
 from kubevirt_spawner.reflector import Caches
 from kubevirt_spawner.workstation import Settings, Workstation, WorkstationError
 
@@ -87,7 +88,10 @@ async def lifecycle(sim, kubeconfig: str) -> Outcome:
         bigger = dataclasses.replace(spec, cpu="4", root_disk_size="80Gi")
         ws = Workstation(kube, caches, ident, bigger, settings, log)
         await ws.start({"JUPYTERHUB_API_TOKEN": "t3"}, [])
+        await caches.wait_for(lambda: condition(ws.vmi, "AgentConnected"), 30)
+        assert await ws.filesystems()  # the workstations service's disk usage
         await ws.stop()
+        assert await ws.snapshots_size() == 0
         await ws.take_snapshot("before")
         await ws.take_snapshot("scratch")
         await ws.delete_snapshot("scratch")

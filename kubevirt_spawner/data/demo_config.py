@@ -26,7 +26,8 @@ c.JupyterHub.authenticator_class = "dummy"
 c.DummyAuthenticator.password = DEMO_PASSWORD
 c.Authenticator.allow_all = True
 c.Authenticator.admin_users = {"admin"}
-c.JupyterHub.services = [{"name": "demo-admin", "api_token": os.environ["KUBEVIRT_DEMO_ADMIN_TOKEN"]}]
+# (The workstations service reads this file too, without the demo's admin token.)
+c.JupyterHub.services = [{"name": "demo-admin", "api_token": os.environ.get("KUBEVIRT_DEMO_ADMIN_TOKEN", "")}]
 c.JupyterHub.load_roles = [{"name": "admin", "users": ["admin"], "services": ["demo-admin"]}]
 
 # --- the spawner
@@ -58,6 +59,14 @@ c.KubeVirtSpawner.profile_list = [
      "kubevirt_override": {"cpu_guarantee": 16, "mem_guarantee": "128G", "root_disk_size": "150Gi",
                            "gpus": {"nvidia.com/A100-PCIE-40GB": 2}, **gpu_placement}},
 ]
+
+# --- the workstations service: snapshots, restore, reset, stop, keep-alive, the rescue page.
+# It reads this same file for the spawner's settings.
+from kubevirt_spawner.service import register  # noqa: E402
+
+register(c, __file__, port=int(os.environ["KUBEVIRT_DEMO_SERVICE_PORT"]),
+         pass_env=("KUBEVIRT_DEMO_STATE", "KUBEVIRT_SPAWNER_KUBECONFIG", "KUBEVIRT_DEMO_PORT", "KUBEVIRT_DEMO_HUB_PORT",
+                   "KUBEVIRT_DEMO_SERVICE_PORT", "CONFIGPROXY_API_URL", "KUBEVIRT_DEMO_EXTRA_CONFIG"))
 
 # Tests (and curious users) can add settings without editing this file.
 if os.environ.get("KUBEVIRT_DEMO_EXTRA_CONFIG"):

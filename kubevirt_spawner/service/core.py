@@ -24,8 +24,6 @@ from ..spawner import KubeVirtSpawner
 from ..workstation import Workstation, WorkstationError
 from .hub import Hub, HubError, HubServer
 
-FILESYSTEM_LIST = k.Kind("VirtualMachineInstance", "subresources.kubevirt.io", "v1", "virtualmachineinstances")
-VOLUME_SNAPSHOT = k.Kind("VolumeSnapshot", "snapshot.storage.k8s.io", "v1", "volumesnapshots")
 ANNOTATION_DISK_USAGE = m.LABEL_PREFIX + "disk-usage"  # the last usage the guest agent reported
 LEVELS = ((95, "95"), (85, "85"), (70, "70"))
 
@@ -169,7 +167,7 @@ class Workstations(LoggingConfigurable):
             "disks": await self.disks(ws),
             "golden_image": {"cloned_from": cloned, "configured": ws.spec.golden_image,
                              "newer_available": bool(cloned and cloned != ws.spec.golden_image)},
-            "snapshots": {"count": len(snaps), "total_size": await self._snapshots_size(ws)},
+            "snapshots": {"count": len(snaps), "total_size": _gib(await self._snapshots_size(ws))},
             "operation": _operation_view(op),
             "keepalive_until": _iso(keepalive) if keepalive and keepalive > _now() else None,
         }
@@ -206,17 +204,15 @@ class Workstations(LoggingConfigurable):
         return out
 
     async def _live_usage(self, ws: Workstation) -> dict | None:
-        if ws.status() != "running":
-            return None
         try:
-            answer = await ws.kube.call("GET", FILESYSTEM_LIST.path(ws.ident.namespace, ws.ident.vm,
-                                                                    "filesystemlist"))
-        except k.KubeError as err:
-            ws.log.debug("no filesystem list from the guest agent: %s", err)
+            filesystems = await ws.filesystems()
+        except WorkstationError:  # a missing permission, logged for the admin: no usage to show
+            return None
+        if filesystems is None:
             return None
         at = _iso(_now())
         usage: dict = {"live": True}
-        for fs in (answer or {}).get("items") or []:
+        for fs in filesystems:
             serials = {d.get("serial") for d in fs.get("disk") or []}
             disk = ("root" if ROOT_DISK_SERIAL in serials or fs.get("mountPoint") == "/"
                     else "workspace" if WORKSPACE_DISK_SERIAL in serials else None)
@@ -238,17 +234,21 @@ class Workstations(LoggingConfigurable):
             await ws.kube.patch(k.VM, ws.ident.namespace, ws.ident.vm, {"metadata": {"annotations": {
                 ANNOTATION_DISK_USAGE: json.dumps(stored, sort_keys=True)}}})
 
-    async def _snapshots_size(self, ws: Workstation) -> str | None:
-        """What the snapshots' disks add up to (VolumeSnapshot restoreSize: the size of the disks
-        they restore; the storage keeps only the changed blocks)."""
+    async def _snapshots_size(self, ws: Workstation) -> float | None:
         try:
-            listing = await ws.kube.list(VOLUME_SNAPSHOT, ws.ident.namespace,
-                                         f"snapshot.kubevirt.io/source-vm-name={ws.ident.vm}")
-        except k.KubeError as err:
-            ws.log.debug("cannot list volume snapshots: %s", err)
+            return await ws.snapshots_size()
+        except WorkstationError:  # a missing permission, logged for the admin
             return None
-        total = sum(parse_quantity(field_value(vs, "status.restoreSize") or "0") for vs in listing.get("items") or [])
-        return f"{int(total / 2 ** 30)}Gi" if total else "0"
+
+    def start_events(self, ws: Workstation, limit: int = 20) -> list[dict]:
+        """The cluster's Warning events about the workstation (its VM, disks, launcher pods), the
+        latest last: why its last start waited or failed."""
+        ident = ws.ident
+        events = ws.caches.events_for(ident.namespace, {ident.vm, ident.rootdisk, ident.workspace},
+                                      (f"virt-launcher-{ident.vm}-",))
+        return [{"time": e.get("lastTimestamp") or e.get("eventTime"), "reason": e.get("reason"),
+                 "object": f"{(e.get('involvedObject') or {}).get('kind')}/{(e.get('involvedObject') or {}).get('name')}",
+                 "message": e.get("message")} for e in events if e.get("type") == "Warning"][-limit:]
 
     # ---------------------------------------------------------------- snapshots
     def _user_snapshot_count(self, user: str) -> int:
@@ -296,7 +296,7 @@ class Workstations(LoggingConfigurable):
         return Operations(ws, HubServer(self.hub, ws.ident.user, ws.ident.server, ws.settings.stop_timeout + 60),
                           safety_snapshot=self.safety_snapshot, timeout=self.operation_timeout)
 
-    async def restore(self, caller: Caller, user: str, server: str, snapshot: str, confirm) -> dict:
+    async def restore(self, caller: Caller, user: str, server: str, snapshot, confirm) -> dict:
         ws = await self.existing(caller, user, server)
         if confirm is not True:
             raise ServiceError(400, 'Confirm the restore with "confirm": true: the workstation is stopped and its '
@@ -513,6 +513,10 @@ class Workstations(LoggingConfigurable):
         full = sum(1 for usage in self._usage.values() for d in usage.values()
                    if d.get("total") and 100.0 * d["used"] / d["total"] >= 85)
         self.m_full.set(full)
+
+
+def _gib(size: float | None) -> str | None:
+    return None if size is None else f"{size / 2 ** 30:.0f}Gi" if size else "0"
 
 
 def _json(raw) -> dict | None:

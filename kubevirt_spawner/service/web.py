@@ -1,0 +1,289 @@
+"""The workstations service over HTTP: the REST API (tokens or the OAuth cookie), the rescue page
+(OAuth login, XSRF-protected forms) and Prometheus metrics. Requests are translated into calls
+of `core.Workstations`; nothing here decides anything about a workstation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import secrets
+from urllib.parse import quote
+
+import jinja2
+from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler, HubOAuthenticated, UserNotAllowed
+from prometheus_client import generate_latest
+from tornado import web
+from traitlets.config.loader import PyFileConfigLoader
+
+from ..workstation import WorkstationError
+from . import CONFIG_ENV, SERVICE_NAME
+from .core import Caller, ServiceError, Workstations, workstation_path
+from .hub import Hub
+
+TEMPLATES = jinja2.Environment(loader=jinja2.PackageLoader("kubevirt_spawner.service", "templates"),
+                               autoescape=True)
+API_ACTIONS = ("snapshots", "restore", "reset", "stop", "keepalive", "purge")
+
+
+class Base(HubOAuthenticated, web.RequestHandler):
+    def initialize(self, core: Workstations):
+        self.core = core
+
+    @property
+    def hub_auth(self):
+        return self.settings["hub_auth"]
+
+    def caller(self) -> Caller:
+        """Who asks, or ServiceError 401 (nobody, or a token the hub does not know) / 403 (a token
+        without access to this service). An admin acts as one through a browser session, or with a
+        token that carries admin rights (`admin:servers`); never through a server's token."""
+        model = self.hub_auth.get_user(self)
+        if not model:
+            raise ServiceError(401, "Log in to JupyterHub, or send a JupyterHub token (Authorization: token ...).")
+        try:
+            self.check_hub_user(model)
+        except UserNotAllowed:
+            raise ServiceError(403, f"This token may not use the {SERVICE_NAME} service; it needs the scope "
+                                    f"access:services!service={SERVICE_NAME}.") from None
+        scopes = set(model.get("scopes") or [])
+        by_token = bool(self.request.headers.get("Authorization"))
+        admin = bool(model.get("admin")) and (not by_token or "admin:servers" in scopes)
+        if model.get("kind") == "service":
+            return Caller(f"service:{model['name']}", "admin:servers" in scopes)
+        return Caller(model["name"], admin)
+
+    def body(self) -> dict:
+        if not self.request.body:
+            return {}
+        try:
+            data = json.loads(self.request.body)
+        except ValueError:
+            raise ServiceError(400, "The request body is not JSON.") from None
+        if not isinstance(data, dict):
+            raise ServiceError(400, "The request body must be a JSON object.")
+        return data
+
+
+class Api(Base):
+    """JSON in and out; errors are {"error": "<one sentence>"}."""
+
+    def write_json(self, data, status: int = 200):
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(data))
+
+    def write_error(self, status_code: int, **kwargs):
+        exc = kwargs.get("exc_info", (None, None))[1]
+        message = self._reason if not isinstance(exc, web.HTTPError) else (exc.log_message or self._reason)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"error": message}))
+
+    async def run(self, work, status: int = 200):
+        try:
+            result = await work
+        except ServiceError as err:
+            return self.write_json({"error": err.message}, err.status)
+        except WorkstationError as err:
+            return self.write_json({"error": err.jupyterhub_message}, err.status_code)
+        self.write_json(result if result is not None else {}, status)
+
+
+class WorkstationsApi(Api):
+    async def get(self):
+        async def work():
+            caller = self.caller()
+            return {"workstations": await self.core.list_workstations(caller, self.get_argument("user", None))}
+        await self.run(work())
+
+
+class CapacityApi(Api):
+    async def get(self):
+        async def work():
+            return self.core.capacity(self.caller())
+        await self.run(work())
+
+
+class WorkstationApi(Api):
+    """/api/v1/workstations/USER[/servers/SERVER][/ACTION[/NAME]]"""
+
+    async def get(self, user, server, action, name):
+        async def work():
+            caller = self.caller()
+            if action is None and name is None:
+                return await self.core.describe(await self.core.existing(caller, user, server or ""))
+            if action == "snapshots" and name is None:
+                return {"snapshots": await self.core.snapshots(caller, user, server or "")}
+            raise ServiceError(405, "Use POST for this action.")
+        await self.run(work())
+
+    async def post(self, user, server, action, name):
+        async def work():
+            caller = self.caller()
+            body = self.body()
+            srv = server or ""
+            if action == "snapshots" and name is None:
+                return await self.core.take_snapshot(caller, user, srv, body.get("name"), _text(body, "note"))
+            if name is not None or action is None:
+                raise ServiceError(404, "No such action.")
+            if action == "restore":
+                return await self.core.restore(caller, user, srv, body.get("snapshot"), body.get("confirm"))
+            if action == "reset":
+                return await self.core.reset(caller, user, srv, body.get("confirm"))
+            if action == "stop":
+                return await self.core.stop(caller, user, srv)
+            if action == "keepalive":
+                return await self.core.keepalive(caller, user, srv, body.get("minutes"))
+            if action == "purge":
+                return await self.core.purge(caller, user, srv, body.get("confirm"))
+            raise ServiceError(404, "No such action.")
+        status = 202 if action in ("restore", "reset") else 201 if action == "snapshots" else 200
+        await self.run(work(), status)
+
+    async def delete(self, user, server, action, name):
+        async def work():
+            caller = self.caller()
+            if action != "snapshots" or not name:
+                raise ServiceError(405, "Only snapshots can be deleted.")
+            await self.core.delete_snapshot(caller, user, server or "", name)
+            return {"deleted": name}
+        await self.run(work())
+
+
+def _text(body: dict, key: str) -> str:
+    value = body.get(key) or ""
+    if not isinstance(value, str):
+        raise ServiceError(400, f'"{key}" must be a string.')
+    return value
+
+
+class Metrics(Api):
+    async def get(self):
+        async def work():
+            caller = self.caller()
+            if not caller.admin:
+                raise ServiceError(403, "Only administrators read the metrics.")
+            self.core.refresh_metrics()
+            return None
+        try:
+            await work()
+        except ServiceError as err:
+            return self.write_json({"error": err.message}, err.status)
+        self.set_header("Content-Type", "text/plain; version=0.0.4")
+        self.finish(generate_latest(self.core.registry))
+
+
+class Page(Base):
+    """The rescue page: the caller's workstations (an admin's: everyone's) and their actions, as
+    plain forms, usable while a machine is stopped or does not boot."""
+
+    def render_page(self, name: str, **values):
+        values.update(prefix=self.settings["prefix"], hub_prefix=self.settings["hub_prefix"],
+                      xsrf_form_html=self.xsrf_form_html(), quote=quote, workstation_path=workstation_path)
+        self.finish(TEMPLATES.get_template(name).render(**values))
+
+    def write_error(self, status_code: int, **kwargs):
+        exc = kwargs.get("exc_info", (None, None))[1]
+        message = getattr(exc, "log_message", None) or self._reason
+        self.render_page("error.html", status=status_code, message=message)
+
+    @web.authenticated
+    async def get(self, user=None, server=None):
+        caller = self.caller()
+        try:
+            if user is None:
+                items = await self.core.list_workstations(caller)
+                return self.render_page("index.html", caller=caller, workstations=items)
+            ws = await self.core.existing(caller, user, server or "")
+            view = await self.core.describe(ws)
+            self.render_page("workstation.html", caller=caller, ws=view, snapshots=await self.core.snapshots(
+                caller, user, server or ""), events=self.core.start_events(ws), message=self.get_argument("message", ""))
+        except ServiceError as err:
+            self.set_status(err.status)
+            self.render_page("error.html", status=err.status, message=err.message)
+
+    @web.authenticated
+    async def post(self, user=None, server=None):
+        """One form per action; the answer is the workstation's page with what happened."""
+        caller = self.caller()
+        srv = server or ""
+        action = self.get_body_argument("action", "")
+        try:
+            if user is None:
+                raise ServiceError(404, "No workstation named.")
+            if action == "snapshot":
+                snap = await self.core.take_snapshot(caller, user, srv, self.get_body_argument("name", "") or None,
+                                                     self.get_body_argument("note", ""))
+                message = f"Snapshot {snap['name']} taken ({snap['consistency']})."
+            elif action == "delete-snapshot":
+                await self.core.delete_snapshot(caller, user, srv, self.get_body_argument("snapshot", ""))
+                message = "Snapshot deleted."
+            elif action == "restore":
+                await self.core.restore(caller, user, srv, self.get_body_argument("snapshot", ""),
+                                        self.get_body_argument("confirm", "") == "yes")
+                message = "Restore started."
+            elif action == "reset":
+                await self.core.reset(caller, user, srv, self.get_body_argument("confirm", ""))
+                message = "Reset started."
+            elif action == "stop":
+                await self.core.stop(caller, user, srv)
+                message = "Stopped."
+            else:
+                raise ServiceError(400, "Unknown action.")
+        except ServiceError as err:
+            self.set_status(err.status)
+            return self.render_page("error.html", status=err.status, message=err.message)
+        page = f"{self.settings['prefix']}workstation/{quote(user, safe='')}"
+        if srv:
+            page += f"/servers/{quote(srv, safe='')}"
+        self.redirect(f"{page}?message={quote(message)}")
+
+
+def make_app(core: Workstations, prefix: str, hub_prefix: str = "/hub/") -> web.Application:
+    hub_auth = HubOAuth(api_token=core.hub.token, cache_max_age=60)
+    user = r"([^/]+)"
+    server = r"(?:/servers/([^/]+))?"
+    args = {"core": core}
+    return web.Application([
+        (prefix + "oauth_callback", HubOAuthCallbackHandler),
+        (prefix + "api/v1/workstations/?", WorkstationsApi, args),
+        (prefix + f"api/v1/workstations/{user}{server}(?:/({'|'.join(API_ACTIONS)}))?(?:/([^/]+))?/?",
+         WorkstationApi, args),
+        (prefix + "api/v1/capacity/?", CapacityApi, args),
+        (prefix + "metrics/?", Metrics, args),
+        (prefix + f"workstation/{user}{server}/?", Page, args),
+        (prefix + "?", Page, args),
+    ], hub_auth=hub_auth, prefix=prefix, hub_prefix=hub_prefix, cookie_secret=secrets.token_bytes(32),
+        login_url=hub_auth.login_url)
+    # No tornado xsrf_cookies: tornado would check before the caller is known, so token requests
+    # would need a form token too. HubOAuth checks XSRF itself for cookie sessions (a POST with the
+    # cookie and without the page's _xsrf is not authenticated); tokens need none.
+
+
+def load_hub_config(path: str):
+    """The hub's own config file, read as the hub reads it (`c`, `get_config`, `load_subconfig`)."""
+    folder, name = os.path.split(os.path.abspath(path))
+    return PyFileConfigLoader(name, path=folder).load_config()
+
+
+async def serve(port: int, config_path: str | None = None):
+    log = logging.getLogger(SERVICE_NAME)
+    path = config_path or os.environ.get(CONFIG_ENV)
+    if not path:
+        raise SystemExit(f"kubevirt-spawner service: no hub config (--config or ${CONFIG_ENV})")
+    config = load_hub_config(path)
+    hub = Hub(os.environ["JUPYTERHUB_API_URL"], os.environ["JUPYTERHUB_API_TOKEN"], log)
+    core = Workstations(hub, config=config, log=log)
+    prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", f"/services/{SERVICE_NAME}/")
+    app = make_app(core, prefix, os.environ.get("JUPYTERHUB_BASE_URL", "/").rstrip("/") + "/hub/")
+    app.listen(port, "127.0.0.1")
+    log.info("workstations service on 127.0.0.1:%d%s (hub config %s)", port, prefix, path)
+    keepalives = asyncio.ensure_future(core.report_keepalives())
+    try:
+        await core.resume_interrupted()
+        await asyncio.Event().wait()
+    finally:
+        keepalives.cancel()
+        await hub.close()
