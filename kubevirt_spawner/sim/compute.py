@@ -12,7 +12,7 @@ from ..objects import WORKSPACE_DISK_SERIAL, WORKSPACE_MOUNT, field_value
 from . import errors
 from .admission import check_quota, gpu_requests
 from .conditions import condition, drop_condition, get_condition, set_condition
-from .guests import Guest, first_boot, guest_arguments, guest_environment
+from .guests import Guest, boot_problem, first_boot, guest_arguments, guest_environment
 from .launcher import POD, SCHEDULABLE_LABEL, Launchers, pod_ready
 from .resources import BY_KIND
 from .scheduler import node_ready, schedule
@@ -626,6 +626,10 @@ class Compute:
         return datas
 
     async def _start_guest(self, vmi: dict, ip: str, root: str):
+        problem = boot_problem(root)
+        if problem:  # the VMI runs (QEMU does) while the guest sits in its emergency shell
+            log.info("%s/%s does not boot: %s", vmi["metadata"]["namespace"], vmi["metadata"]["name"], problem)
+            return
         await self._launch(self._register_guest(vmi, ip, root))
 
     def _register_guest(self, vmi: dict, ip: str, root: str) -> Guest:
@@ -692,7 +696,8 @@ class Compute:
             self._write_vmi_status(vmi, status)
             return
         set_condition(status, condition("Ready", "True"))
-        if (ns, name) not in self.guests and self.c.started and self.root_dir(vmi) is not None:
+        if (ns, name) not in self.guests and self.c.started and self.root_dir(vmi) is not None \
+                and boot_problem(self.root_dir(vmi)) is None:
             # The simulator restarted under a running machine: bring its guest back.
             guest = self._register_guest(vmi, field_value(vmi, "status.interfaces")[0]["ipAddress"],
                                          self.root_dir(vmi))

@@ -71,6 +71,22 @@ def first_boot(root: str):
             f.write(uuid.uuid4().hex + "\n")
 
 
+def boot_problem(root: str) -> str | None:
+    """Why the machine on this root filesystem would not come up, as a Linux guest would fail:
+    systemd drops to its emergency shell when /etc/fstab has a line it cannot parse (no network
+    services, no guest agent, no Jupyter). None when it boots."""
+    try:
+        with open(os.path.join(root, "etc", "fstab")) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None  # no fstab: nothing to mount beyond the root
+    for number, line in enumerate(lines, 1):
+        text = line.strip()
+        if text and not text.startswith("#") and len(text.split()) < 4:
+            return f"/etc/fstab line {number} cannot be parsed: emergency mode"
+    return None
+
+
 def default_command(env: dict[str, str]) -> list[str]:
     bindir = os.path.dirname(sys.executable)
     if env.get("JUPYTERHUB_API_TOKEN"):
