@@ -133,3 +133,86 @@ def test_snapshot_consistency_follows_the_guest_agent(hub, cluster, tokens):
     assert listed[0]["note"] == "before CUDA" and all(s["ready"] for s in listed)
     assert re.match(r"snapshot-\d{8}-\d{6}$", listed[2]["name"])
     assert bob.ok("GET", "/workstations/bob")["snapshots"]["count"] == 3
+
+
+def system_files(hub: Hub, user: str) -> dict:
+    return {path: hub.read_file(user, path) for path in ("etc/marker.conf", "opt/tool/VERSION", "opt/before.txt")}
+
+
+def test_restore_brings_the_system_back_and_the_disk_stays_the_users(hub, cluster, tokens):
+    """alice snapshots, changes /etc and /opt, restores: her markers are gone and the earlier files
+    back; the machine was running, so it is stopped and started again through the hub. The root
+    disk comes back in place, adopted by its DataVolume and never owned by the VM (restore.go with
+    InPlace and volumeOwnershipPolicy None), so deleting the VM keeps it. (A test in
+    tests/test_workstation.py shows KubeVirt's default restore giving the disk to the VM.)"""
+    alice = Client(hub, tokens["alice"])
+    hub.start_server("alice")
+    hub.write_file("alice", "opt/before.txt", "as it was")
+    alice.ok("POST", "/workstations/alice/snapshots", {"name": "clean"}, 201)
+    hub.write_file("alice", "etc/marker.conf", "changed")
+    hub.write_file("alice", "opt/tool/VERSION", "12.4")
+    hub.write_file("alice", "opt/before.txt", "changed")
+    op = alice.ok("POST", "/workstations/alice/restore", {"snapshot": "clean", "confirm": True}, 202)
+    assert op["kind"] == "restore" and op["state"] == "running" and op["steps"] == 4
+    done = wait_operation(alice, "/workstations/alice")
+    assert done["state"] == "done", done
+    hub.wait_ready("alice")
+    assert system_files(hub, "alice") == {"etc/marker.conf": None, "opt/tool/VERSION": None,
+                                          "opt/before.txt": "as it was"}
+    names = [s["name"] for s in alice.ok("GET", "/workstations/alice/snapshots")["snapshots"]]
+    assert "clean" in names and any(n.startswith("before-restore-") for n in names) and len(names) == 2
+    pvc = next(p for p in cluster.pvcs("notebook-alice") if p["metadata"]["name"] == "alice-rootdisk")
+    assert [o["kind"] for o in pvc["metadata"].get("ownerReferences") or []] == ["DataVolume"]
+    # Deleting her VM (as an admin by mistake) keeps the disk.
+    hub.stop_server("alice")
+    cluster.custom.delete_namespaced_custom_object("kubevirt.io", "v1", "notebook-alice", "virtualmachines",
+                                                   "alice-workstation")
+    wait_for(lambda: cluster.vm("notebook-alice", "alice-workstation") is None, 30, what="the VM deleted")
+    # (the simulator's garbage collector runs as the VM goes, as the real one follows it)
+    assert "alice-rootdisk" in {p["metadata"]["name"] for p in cluster.pvcs("notebook-alice")}
+
+
+def test_reset_replaces_the_system_keeps_the_workspace_and_its_snapshot_brings_the_old_back(hub, cluster, tokens):
+    carl = Client(hub, tokens["carl"])
+    hub.start_server("carl")
+    hub.write_file("carl", "etc/marker.conf", "carl's system change")
+    hub.write_file("carl", "home/carl/notes.txt", "carl's work")
+    r = carl.call("POST", "/workstations/carl/reset", {"confirm": "carl"})
+    assert r.status_code == 202, r.text
+    done = wait_operation(carl, "/workstations/carl")
+    assert done["state"] == "done" and done["kind"] == "reset", done
+    hub.wait_ready("carl")
+    assert hub.read_file("carl", "etc/marker.conf") is None
+    assert hub.read_file("carl", "home/carl/notes.txt") == "carl's work"  # /home is the workspace disk
+    safety = done["safety_snapshot"]
+    assert safety.startswith("before-reset-")
+    assert carl.ok("POST", "/workstations/carl/restore", {"snapshot": safety, "confirm": True}, 202)
+    assert wait_operation(carl, "/workstations/carl")["state"] == "done"
+    hub.wait_ready("carl")
+    assert hub.read_file("carl", "etc/marker.conf") == "carl's system change"
+    hub.stop_server("carl")
+
+
+def test_one_operation_at_a_time_and_the_hub_refuses_a_start_meanwhile(hub, cluster, tokens):
+    """A second restore while one runs is refused (409, naming it); a start through the hub during
+    the restore is refused by the spawner with the operation's name and step."""
+    bob = Client(hub, tokens["bob"])
+    cluster.sim_api("PUT", "/timing", {"restore": 200.0})  # a slow restore: 10 s at the tests' speed
+    try:
+        first = bob.call("POST", "/workstations/bob/restore", {"snapshot": "offline-one", "confirm": True})
+        assert first.status_code == 404 and first.json()["error"] == "There is no snapshot named offline-one."
+        snap = bob.ok("GET", "/workstations/bob/snapshots")["snapshots"][0]["name"]
+        assert bob.call("POST", "/workstations/bob/restore", {"snapshot": snap, "confirm": True}).status_code == 202
+        second = bob.call("POST", "/workstations/bob/restore", {"snapshot": snap, "confirm": True})
+        assert second.status_code == 409 and "is being restored (step" in second.json()["error"], second.text
+        wait_for(lambda: bob.ok("GET", "/workstations/bob")["operation"]["step_name"] == "restore", 60,
+                 what="the restore step")
+        r = hub.request_start("bob")
+        # The hub answers with the spawner's refusal when it comes quickly (it does), else later.
+        assert r.status_code in (202, 409), r.text
+        failure = r.json()["message"] if r.status_code == 409 else \
+            wait_for(lambda: hub.spawn_failure("bob"), 30, what="the refused start")
+        assert "Your workstation is being restored (step" in failure and "start it again when that is done" in failure
+    finally:
+        cluster.sim_api("PUT", "/timing", {"restore": 2.0})
+    assert wait_operation(bob, "/workstations/bob")["state"] == "done"
