@@ -10,6 +10,7 @@ view of the server stays true. Nothing here deletes anything but the system disk
 from __future__ import annotations
 
 import json
+import secrets
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Protocol
@@ -54,6 +55,7 @@ class Operation:
     was_running: bool = False
     error: str = ""
     revision: int = 0  # counts the saves: a reader knows whether it sees the latest
+    id: str = field(default_factory=lambda: secrets.token_hex(6))  # this operation, not an earlier one
 
     @property
     def current(self) -> str:
@@ -185,7 +187,7 @@ class Operations:
 
         def seen() -> bool:  # the caches may lag: later reads of the operation must see this save
             current = Operation.from_vm(self.ws.vm)
-            return current is not None and current.revision >= op.revision
+            return current is not None and current.id == op.id and current.revision >= op.revision
         await self.ws.caches.wait_for(seen, 30, self.ws.ident.namespace)
 
     # ---------------------------------------------------------------- steps

@@ -255,8 +255,11 @@ class Workstations(LoggingConfigurable):
         return sum(1 for s in self._caches().snapshots.values()
                    if (s["metadata"].get("annotations") or {}).get(m.ANNOTATION_USERNAME) == user)
 
-    async def take_snapshot(self, caller: Caller, user: str, server: str, name: str | None, note: str) -> dict:
+    async def take_snapshot(self, caller: Caller, user: str, server: str, name, note) -> dict:
         ws = await self.existing(caller, user, server)
+        if note is not None and not isinstance(note, str):
+            raise ServiceError(400, '"note" must be a string.')
+        note = note or ""
         name = name or f"snapshot-{_now().strftime('%Y%m%d-%H%M%S')}"
         try:
             m.virtual_machine_snapshot(ws.ident, name, note)

@@ -125,9 +125,9 @@ class WorkstationApi(Api):
             body = self.body()
             srv = server or ""
             if action == "snapshots" and name is None:
-                return await self.core.take_snapshot(caller, user, srv, body.get("name"), _text(body, "note"))
+                return await self.core.take_snapshot(caller, user, srv, body.get("name"), body.get("note"))
             if name is not None or action is None:
-                raise ServiceError(404, "No such action.")
+                raise ServiceError(404, "No such endpoint.")
             if action == "restore":
                 return await self.core.restore(caller, user, srv, body.get("snapshot"), body.get("confirm"))
             if action == "reset":
@@ -138,7 +138,7 @@ class WorkstationApi(Api):
                 return await self.core.keepalive(caller, user, srv, body.get("minutes"))
             if action == "purge":
                 return await self.core.purge(caller, user, srv, body.get("confirm"))
-            raise ServiceError(404, "No such action.")
+            raise ServiceError(404, "No such endpoint.")
         status = 202 if action in ("restore", "reset") else 201 if action == "snapshots" else 200
         await self.run(work(), status)
 
@@ -152,11 +152,11 @@ class WorkstationApi(Api):
         await self.run(work())
 
 
-def _text(body: dict, key: str) -> str:
-    value = body.get(key) or ""
-    if not isinstance(value, str):
-        raise ServiceError(400, f'"{key}" must be a string.')
-    return value
+class NotFoundApi(Api):
+    async def get(self, *args):
+        self.write_json({"error": "No such endpoint."}, 404)
+
+    post = delete = put = patch = get
 
 
 class Metrics(Api):
@@ -252,6 +252,7 @@ def make_app(core: Workstations, prefix: str, hub_prefix: str = "/hub/") -> web.
         (prefix + f"api/v1/workstations/{user}{server}(?:/({'|'.join(API_ACTIONS)}))?(?:/([^/]+))?/?",
          WorkstationApi, args),
         (prefix + "api/v1/capacity/?", CapacityApi, args),
+        (prefix + "api/(.*)", NotFoundApi, args),
         (prefix + "metrics/?", Metrics, args),
         (prefix + f"workstation/{user}{server}/?", Page, args),
         (prefix + "?", Page, args),

@@ -9,10 +9,9 @@ import re
 
 import pytest
 import requests
+from conftest import Cluster, Hub
 
 from simtools import wait_for
-
-from conftest import Cluster, Hub
 
 EXTRA = """
 c.KubeVirtSpawner.workspace_disk_size = "10Gi"
@@ -45,7 +44,9 @@ class Client:
             self.http.headers["Authorization"] = f"token {token}"
 
     def call(self, method: str, path: str, json=None, data=None) -> requests.Response:
-        return self.http.request(method, f"{self.hub.url}{API}{path}", json=json, data=data, timeout=120)
+        """`path` under the API (/...), or under the service (metrics)."""
+        url = f"{self.hub.url}{API}{path}" if path.startswith("/") else f"{self.hub.url}/services/workstations/{path}"
+        return self.http.request(method, url, json=json, data=data, timeout=120)
 
     def ok(self, method: str, path: str, json=None, status: int = 200) -> dict:
         r = self.call(method, path, json)
@@ -216,3 +217,140 @@ def test_one_operation_at_a_time_and_the_hub_refuses_a_start_meanwhile(hub, clus
     finally:
         cluster.sim_api("PUT", "/timing", {"restore": 2.0})
     assert wait_operation(bob, "/workstations/bob")["state"] == "done"
+
+
+def namespace_state(cluster: Cluster, ns: str) -> dict:
+    """Every object of a workstation's namespace with its resourceVersion: what "nothing changed" means."""
+    state = {}
+    for group, version, plural in (("kubevirt.io", "v1", "virtualmachines"), ("cdi.kubevirt.io", "v1beta1", "datavolumes"),
+                                   ("snapshot.kubevirt.io", "v1beta1", "virtualmachinesnapshots"),
+                                   ("snapshot.kubevirt.io", "v1beta1", "virtualmachinerestores")):
+        for obj in cluster.objects(group, version, plural, ns):
+            state[(plural, obj["metadata"]["name"])] = obj["metadata"]["resourceVersion"]
+    for pvc in cluster.pvcs(ns):
+        state[("persistentvolumeclaims", pvc["metadata"]["name"])] = pvc["metadata"]["resourceVersion"]
+    return state
+
+
+@pytest.fixture(scope="module")
+def dave(hub, cluster, tokens):
+    """dave's running workstation and the callers of the authorization matrix (a server's token is
+    valid while its server runs: JupyterHub revokes it at the stop)."""
+    for user in ("dave", "erin"):
+        hub.start_server(user)
+    admin = Client(hub, tokens["admin"])
+    # Its disk usage is read once (and remembered on the VM): later reads change nothing.
+    wait_for(lambda: admin.ok("GET", "/workstations/dave")["disks"]["root"]["live"], 60, what="dave's agent")
+    callers = {"owner": Client(hub, user_token(hub, "dave")), "owner's server token": Client(hub, server_token(
+        cluster, "dave")), "other user": Client(hub, user_token(hub, "erin")),
+        "other user's server token": Client(hub, server_token(cluster, "erin")),
+        "admin": Client(hub, tokens["admin"]), "anonymous": Client(hub, None),
+        "garbage token": Client(hub, "0123456789abcdef0123456789abcdef")}
+    return callers
+
+
+# (method, path, body, {caller: status}); callers not named get the default of their kind.
+MATRIX = [
+    ("GET", "/workstations/dave", None, {}),
+    ("GET", "/workstations?user=dave", None, {}),
+    ("GET", "/workstations/dave/snapshots", None, {}),
+    ("POST", "/workstations/dave/snapshots", {"name": "Bad Name"}, {"allowed": 400}),
+    ("DELETE", "/workstations/dave/snapshots/ghost", None, {"allowed": 404}),
+    ("POST", "/workstations/dave/restore", {"snapshot": "ghost", "confirm": False}, {"allowed": 400}),
+    ("POST", "/workstations/dave/reset", {"confirm": "wrong"}, {"allowed": 400}),
+    ("POST", "/workstations/dave/servers/nope/stop", None, {"allowed": 404}),
+    ("POST", "/workstations/dave/keepalive", {"minutes": 0}, {"allowed": 400}),
+    ("POST", "/workstations/dave/purge", {"confirm": "wrong"}, {"admin": 400, "allowed": 403}),
+    ("GET", "/capacity", None, {"admin": 200, "allowed": 403}),
+    ("GET", "metrics", None, {"admin": 200, "allowed": 403}),
+]
+
+
+def expected(caller: str, overrides: dict) -> int:
+    if caller in ("anonymous", "garbage token"):
+        return 401
+    if caller in ("other user", "other user's server token"):
+        return 403
+    if caller in overrides:
+        return overrides[caller]
+    return overrides.get("allowed", 200)
+
+
+def test_authorization_matrix(hub, cluster, dave):
+    """Every endpoint x {owner, owner's server token, other user, other user's server token, admin,
+    anonymous, garbage token}: the owner (and the token her guest holds) and admins act on her
+    workstation, nobody else does; admin-only views refuse everyone else; unknown callers get 401.
+    Actions the owner may take are sent with input they refuse, so the matrix changes nothing."""
+    before = namespace_state(cluster, "notebook-dave")
+    seen = {}
+    for method, path, body, overrides in MATRIX:
+        for caller, client in dave.items():
+            r = client.call(method, path, json=body)
+            seen[(method, path, caller)] = (r.status_code, expected(caller, overrides))
+            if r.status_code >= 400:
+                assert r.headers["Content-Type"].startswith("application/json") and r.json()["error"], r.text
+            elif path == "metrics":
+                assert "workstations_operations" in r.text
+    wrong = {key: got for key, got in seen.items() if got[0] != got[1]}
+    assert wrong == {}, wrong
+    assert namespace_state(cluster, "notebook-dave") == before
+
+
+BAD_INPUT = [
+    ("admin", "GET", "/workstations/nobody", None, 404, "nobody has no workstation."),
+    ("owner", "GET", "/workstations/dave/servers/nope", None, 404, "dave has no workstation named nope."),
+    ("owner", "POST", "/workstations/dave/restore", {"snapshot": "ghost", "confirm": True}, 404,
+     "There is no snapshot named ghost."),
+    ("owner", "POST", "/workstations/dave/snapshots", {"name": "Not OK"}, 400,
+     "A snapshot name has 1 to 40 lower-case letters, digits and dashes, and starts and ends with a letter or digit "
+     "(for example before-cuda-12)."),
+    ("owner", "POST", "/workstations/dave/snapshots", {"name": "fine", "note": 7}, 400, '"note" must be a string.'),
+    ("owner", "POST", "/workstations/dave/restore", {"snapshot": "ghost"}, 400,
+     'Confirm the restore with "confirm": true: the workstation is stopped and its disks are put back as they were '
+     "in the snapshot."),
+    ("owner", "POST", "/workstations/dave/reset", {"confirm": "dav"}, 400,
+     'Type the workstation\'s name to confirm the reset ("confirm": "dave"): its system disk is replaced by a fresh '
+     "copy of the golden image; the workspace disk is kept and a snapshot is taken first."),
+    ("owner", "POST", "/workstations/dave/reset", {}, 400,
+     'Type the workstation\'s name to confirm the reset ("confirm": "dave"): its system disk is replaced by a fresh '
+     "copy of the golden image; the workspace disk is kept and a snapshot is taken first."),
+    ("owner", "POST", "/workstations/dave/keepalive", {"minutes": 121}, 400, "A keep-alive lasts at most 120 minutes."),
+    ("owner", "POST", "/workstations/dave/keepalive", {"minutes": "60"}, 400,
+     'Say for how many minutes to keep the workstation running ("minutes": 60).'),
+    ("admin", "POST", "/workstations/carl/keepalive", {"minutes": 30}, 409,
+     "The workstation is not running; start it first."),
+    ("owner", "POST", "/workstations/dave/snapshots", "not json", 400, "The request body is not JSON."),
+    ("owner", "POST", "/workstations/dave/snapshots", ["a list"], 400, "The request body must be a JSON object."),
+    ("owner", "POST", "/workstations/dave/explode", {}, 404, "No such endpoint."),
+    ("admin", "POST", "/workstations/dave/purge", {"confirm": "dave"}, 409,
+     "dave still has its workstation; only the disks of a deleted workstation are purged."),
+]
+
+
+@pytest.mark.parametrize("who,method,path,body,status,sentence", BAD_INPUT,
+                         ids=[f"{c[1]} {c[2]} {str(c[3])[:30]}" for c in BAD_INPUT])
+def test_bad_input_is_refused_with_a_sentence_and_changes_nothing(hub, cluster, dave, who, method, path, body,
+                                                                  status, sentence):
+    before = namespace_state(cluster, "notebook-dave")
+    client = dave[who]
+    if isinstance(body, str):
+        r = client.call(method, path, data=body)
+    else:
+        r = client.call(method, path, json=body)
+    assert (r.status_code, r.json()) == (status, {"error": sentence})
+    assert namespace_state(cluster, "notebook-dave") == before
+
+
+def test_purge_waits_for_the_end_of_retention(hub, cluster, dave):
+    """A deleted named server keeps its disks, labelled until retain-until; the admin's purge before
+    then is refused with the date, and changes nothing."""
+    hub.start_server("dave", "old")
+    r = hub.api("DELETE", "/users/dave/servers/old", json={"remove": True})
+    assert r.status_code in (202, 204), r.text
+    wait_for(lambda: cluster.vm("notebook-dave", "dave--old-workstation") is None, 60, what="the VM retired")
+    before = namespace_state(cluster, "notebook-dave")
+    r = dave["admin"].call("POST", "/workstations/dave/servers/old/purge", json={"confirm": "dave"})
+    assert r.status_code == 409 and re.match(r"The disks of dave/old are kept until \d{4}-\d\d-\d\dT", r.json()["error"])
+    assert namespace_state(cluster, "notebook-dave") == before
+    capacity = dave["admin"].ok("GET", "/capacity")
+    assert {(d["name"], d["user"]) for d in capacity["retained"]} >= {("dave--old-rootdisk", "dave")}
