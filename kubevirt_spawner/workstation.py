@@ -636,17 +636,15 @@ class Workstation:
             if self.status() != "stopped":
                 raise WorkstationError("Your workstation must be stopped to be restored; stop it first.",
                                        reason="running", status_code=409)
-            try:
+            # Made once: KubeVirt's webhook refuses a second restore of the VM while one is not
+            # complete (pkg/storage/admitters/vmrestore.go), even one of the same name, before the
+            # API server could say it exists.
+            if not await self._restore_object(restore_name):
                 await self.kube.create(k.RESTORE, m.virtual_machine_restore(self.ident, snap["object"], restore_name))
                 self.log.info("restoring snapshot %s (%s)", name, restore_name)
-            except k.KubeError as err:
-                if not (err.status == 409 and err.reason == "AlreadyExists"):
-                    raise
             deadline = time.monotonic() + timeout
             while True:  # restores are rare and have no cache: one list a second by name
-                found = await self.kube.list(k.RESTORE, self.ident.namespace,
-                                             field_selector=f"metadata.name={restore_name}")
-                current: dict = next(iter(found.get("items") or []), {})
+                current = await self._restore_object(restore_name) or {}
                 status = current.get("status") or {}
                 if status.get("complete"):
                     self.log.info("restored snapshot %s", name)
@@ -661,6 +659,10 @@ class Workstation:
                                            "seconds; it may still. Ask your administrator to look at "
                                            f"VirtualMachineRestore {restore_name}.", reason="timeout", status_code=504)
                 await asyncio.sleep(1.0)
+
+    async def _restore_object(self, name: str) -> dict | None:
+        found = await self.kube.list(k.RESTORE, self.ident.namespace, field_selector=f"metadata.name={name}")
+        return next(iter(found.get("items") or []), None)
 
     async def delete_root_disk(self, timeout: float = 300.0):
         """Delete the system disk (its DataVolume and PVC) of a stopped machine and wait until both are

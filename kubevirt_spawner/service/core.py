@@ -355,6 +355,14 @@ class Workstations(LoggingConfigurable):
 
     async def resume_interrupted(self):
         """At start-up: operations a previous run of the service left under way go on."""
+        caches = self._caches()
+        while True:  # nothing can be decided before the caches have the cluster's state
+            try:
+                await caches.wait_synced(60)
+                break
+            except (asyncio.TimeoutError, k.KubeError) as err:
+                self.log.warning("the caches are not synced yet (%s); operations left under way wait: %s",
+                                 caches.unsynced(), err or "timeout")
         for user, server in self.all_workstations():
             ws = await self.workstation(user, server)
             op = Operation.from_vm(ws.vm)

@@ -242,7 +242,9 @@ class Page(Base):
 
 
 def make_app(core: Workstations, prefix: str, hub_prefix: str = "/hub/") -> web.Application:
-    hub_auth = HubOAuth(api_token=core.hub.token, cache_max_age=60)
+    # The one instance: JupyterHub's OAuth callback handler uses HubOAuth.instance(), and the
+    # login's state (the PKCE verifier) must be found where it was stored.
+    hub_auth = HubOAuth.instance(api_token=core.hub.token, cache_max_age=60)
     user = r"([^/]+)"
     server = r"(?:/servers/([^/]+))?"
     args = {"core": core}

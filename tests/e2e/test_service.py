@@ -5,7 +5,10 @@ rescue page, who may do what, bad input, and operations that are interrupted."""
 from __future__ import annotations
 
 import base64
+import os
 import re
+import signal
+import subprocess
 
 import pytest
 import requests
@@ -69,7 +72,11 @@ def server_token(cluster: Cluster, user: str) -> str:
 
 def wait_operation(client: Client, path: str, timeout: float = 180) -> dict:
     def finished():
-        op = client.ok("GET", path)["operation"]
+        r = client.call("GET", path)
+        if r.status_code == 503:  # the service is being started again
+            return None
+        assert r.status_code == 200, r.text
+        op = r.json()["operation"]
         return op if op and op["state"] != "running" else None
     return wait_for(finished, timeout, what=f"the operation on {path}")
 
@@ -236,8 +243,9 @@ def namespace_state(cluster: Cluster, ns: str) -> dict:
 def dave(hub, cluster, tokens):
     """dave's running workstation and the callers of the authorization matrix (a server's token is
     valid while its server runs: JupyterHub revokes it at the stop)."""
-    for user in ("dave", "erin"):
+    for user in ("dave", "erin", "gina"):
         hub.start_server(user)
+    hub.stop_server("gina")  # a stopped one
     admin = Client(hub, tokens["admin"])
     # Its disk usage is read once (and remembered on the VM): later reads change nothing.
     wait_for(lambda: admin.ok("GET", "/workstations/dave")["disks"]["root"]["live"], 60, what="dave's agent")
@@ -317,7 +325,7 @@ BAD_INPUT = [
     ("owner", "POST", "/workstations/dave/keepalive", {"minutes": 121}, 400, "A keep-alive lasts at most 120 minutes."),
     ("owner", "POST", "/workstations/dave/keepalive", {"minutes": "60"}, 400,
      'Say for how many minutes to keep the workstation running ("minutes": 60).'),
-    ("admin", "POST", "/workstations/carl/keepalive", {"minutes": 30}, 409,
+    ("admin", "POST", "/workstations/gina/keepalive", {"minutes": 30}, 409,
      "The workstation is not running; start it first."),
     ("owner", "POST", "/workstations/dave/snapshots", "not json", 400, "The request body is not JSON."),
     ("owner", "POST", "/workstations/dave/snapshots", ["a list"], 400, "The request body must be a JSON object."),
@@ -354,3 +362,132 @@ def test_purge_waits_for_the_end_of_retention(hub, cluster, dave):
     assert namespace_state(cluster, "notebook-dave") == before
     capacity = dave["admin"].ok("GET", "/capacity")
     assert {(d["name"], d["user"]) for d in capacity["retained"]} >= {("dave--old-rootdisk", "dave")}
+
+
+def service_pids(hub: Hub) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", f"kubevirt_spawner.cli service --port {hub.settings.service_port}"],
+                         capture_output=True, text=True).stdout.split()
+    return [int(pid) for pid in out]
+
+
+def test_a_restore_goes_on_after_the_service_is_killed(hub, cluster, tokens):
+    """The operation's record on the VM is what a restarted service reads: killed during the
+    restore step (JupyterHub starts its managed service again), it follows the restore it had
+    made to the end, and the machine is consistent: the snapshot's files, the disk adopted by its
+    DataVolume, no restore lock left on the VM."""
+    bob = Client(hub, tokens["bob"])
+    ensure_running(hub, "bob")
+    hub.write_file("bob", "opt/state.txt", "snapshotted")
+    bob.ok("POST", "/workstations/bob/snapshots", {"name": "base"}, 201)
+    hub.write_file("bob", "opt/state.txt", "changed later")
+    cluster.sim_api("PUT", "/timing", {"restore": 200.0})  # 10 s at the tests' speed
+    try:
+        bob.ok("POST", "/workstations/bob/restore", {"snapshot": "base", "confirm": True}, 202)
+        wait_for(lambda: bob.ok("GET", "/workstations/bob")["operation"]["step_name"] == "restore", 60,
+                 what="the restore step")
+        [pid] = service_pids(hub)
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: pid not in service_pids(hub), 10, what="the service gone")
+        # JupyterHub polls its managed services (every 30 s) and starts a dead one again.
+        done = wait_operation(bob, "/workstations/bob", timeout=120)
+    finally:
+        cluster.sim_api("PUT", "/timing", {"restore": 2.0})
+    assert done["state"] == "done" and pid not in service_pids(hub), done
+    assert "going on with the restore bob asked for" in hub.log()
+    restores = cluster.objects("snapshot.kubevirt.io", "v1beta1", "virtualmachinerestores", "notebook-bob")
+    assert sorted(r["status"]["complete"] for r in restores) == [True] * len(restores)  # none made twice
+    hub.wait_ready("bob")
+    assert hub.read_file("bob", "opt/state.txt") == "snapshotted"
+    vm = cluster.vm("notebook-bob", "bob-workstation")
+    assert "restoreInProgress" not in (vm.get("status") or {})
+    pvc = next(p for p in cluster.pvcs("notebook-bob") if p["metadata"]["name"] == "bob-rootdisk")
+    assert [o["kind"] for o in pvc["metadata"].get("ownerReferences") or []] == ["DataVolume"]
+
+
+def ensure_running(hub: Hub, user: str):
+    model = hub.server_model(user)
+    if not (model and model.get("ready")):
+        hub.start_server(user)
+
+
+def test_keepalive_reports_activity_until_it_ends_and_a_stop_ends_it(hub, tokens):
+    bob = Client(hub, tokens["bob"])
+    ensure_running(hub, "bob")
+    before = hub.server_model("bob")["last_activity"]
+    answer = bob.ok("POST", "/workstations/bob/keepalive", {"minutes": 30})
+    assert answer["keepalive_until"] > before
+    wait_for(lambda: hub.server_model("bob")["last_activity"] > before, 10, what="activity reported")
+    first = hub.server_model("bob")["last_activity"]
+    wait_for(lambda: hub.server_model("bob")["last_activity"] > first, 10, what="activity reported again")
+    assert bob.ok("GET", "/workstations/bob")["keepalive_until"] == answer["keepalive_until"]
+    assert bob.ok("POST", "/workstations/bob/stop") == {"stopped": True, "changed": True}
+    assert hub.server_model("bob") is None or not hub.server_model("bob").get("ready")
+    assert bob.ok("GET", "/workstations/bob")["keepalive_until"] is None
+    assert "audit: bob keepalive bob: ok (30 min)" in hub.log() and "audit: bob stop bob: done" in hub.log()
+
+
+def test_metrics_count_operations_snapshots_and_full_disks(hub, tokens):
+    """(After the operations of the tests above.)"""
+    text = Client(hub, tokens["admin"]).call("GET", "metrics").text
+    assert re.search(r'^workstations_operations_total\{kind="restore",result="succeeded"\} [1-9]', text, re.M), text
+    assert re.search(r'^workstations_operations_total\{kind="reset",result="succeeded"\} 1\.0$', text, re.M)
+    assert re.search(r'^workstations_snapshots\{user="bob"\} [1-9]', text, re.M)
+    assert re.search(r"^workstations_disks_above_85_percent 0\.0$", text, re.M)
+    assert "workstations_operation_seconds_bucket" in text
+
+
+def login(hub: Hub, user: str) -> requests.Session:
+    """A browser's session: the hub's login form (with its XSRF token), then OAuth into the service."""
+    from kubevirt_spawner.demo import DEMO_PASSWORD
+    browser = requests.Session()
+    page = browser.get(f"{hub.url}/hub/login", timeout=30)
+    xsrf = re.search(r'name="_xsrf" value="([^"]+)"', page.text).group(1)
+    r = browser.post(f"{hub.url}/hub/login", data={"username": user, "password": DEMO_PASSWORD, "_xsrf": xsrf},
+                     timeout=30)
+    assert r.status_code == 200, r.status_code
+    return browser
+
+
+def form_token(page: str) -> str:
+    return re.search(r'name="_xsrf" value="([^"]+)"', page).group(1)
+
+
+def test_the_rescue_page_restores_a_machine_that_does_not_boot(hub, cluster):
+    """frank breaks /etc/fstab (his machine no longer boots: no agent, no Jupyter; the hub's start
+    fails). On the rescue page, after logging in through the hub, he restores the snapshot from
+    before, and his machine starts again. Forms without the page's XSRF token are refused."""
+    hub.start_server("frank")
+    hub.write_file("frank", "etc/fstab", "# <file system> <mount point> <type> <options> <dump> <pass>\n")
+    frank_api = Client(hub, user_token(hub, "frank"))
+    frank_api.ok("POST", "/workstations/frank/snapshots", {"name": "good"}, 201)
+    hub.write_file("frank", "etc/fstab", "UUID=broken-line\n")
+    hub.stop_server("frank")
+    r = hub.request_start("frank")
+    assert r.status_code in (202, 500), r.text
+    failure = wait_for(lambda: hub.spawn_failure("frank"), 90, what="the failed start")
+    assert "frank" in failure or "did not" in failure or "respond" in failure, failure
+
+    browser = login(hub, "frank")
+    page = browser.get(f"{hub.url}/services/workstations/", timeout=30)
+    assert page.status_code == 200 and 'data-name="frank"' in page.text, page.text[:500]
+    page = browser.get(f"{hub.url}/services/workstations/workstation/frank", timeout=30)
+    assert page.status_code == 200 and 'data-name="good"' in page.text
+    assert "Why the last start waited or failed" in page.text
+    before = namespace_state(cluster, "notebook-frank")
+    forged = browser.post(f"{hub.url}/services/workstations/workstation/frank",
+                          data={"action": "restore", "snapshot": "good", "confirm": "yes"}, timeout=30)
+    assert forged.status_code == 403 and namespace_state(cluster, "notebook-frank") == before
+    done = browser.post(f"{hub.url}/services/workstations/workstation/frank",
+                        data={"action": "restore", "snapshot": "good", "confirm": "yes", "_xsrf": form_token(page.text)},
+                        timeout=30)
+    assert done.status_code == 200 and "Restore started." in done.text, done.text[:800]
+    assert 'http-equiv="refresh"' in done.text  # the page follows the steps by itself
+
+    def restored():
+        text = browser.get(f"{hub.url}/services/workstations/workstation/frank", timeout=30).text
+        return text if "The restore is done." in text else None
+    wait_for(restored, 120, what="the restore")
+    hub.start_server("frank", timeout=120)
+    assert "broken-line" not in hub.read_file("frank", "etc/fstab")
+    page = browser.get(f"{hub.url}/services/workstations/workstation/frank", timeout=30).text
+    assert "Open JupyterLab" in page and "/user/frank/lab" in page
