@@ -7,8 +7,8 @@ and gives every user a KubeVirt workstation. Environment it reads:
   GOLDEN_IMAGE        golden image PVC as namespace/name (default vm-images/ubuntu-24-04-cuda-golden)
   STORAGE_CLASS       RBD StorageClass (default ceph-rbd)
 
-The hub's ServiceAccount needs the RBAC in deploy/rbac/ (exactly the calls the spawner makes, and
-clone permission in the golden image's namespace).
+The hub's ServiceAccount needs the RBAC in deploy/rbac/ (exactly the calls the spawner and the
+workstations service make, and clone permission in the golden image's namespace).
 Authentication is site-specific: set c.JupyterHub.authenticator_class below.
 """
 
@@ -68,6 +68,14 @@ c.KubeVirtSpawner.profile_list = [
      "kubevirt_override": {"cpu_guarantee": 8, "mem_guarantee": "64G",
                            "gpus": {"nvidia.com/A100-PCIE-40GB": 1}, **gpu_nodes}},
 ]
+
+# --- the workstations service (snapshots, restore, reset, keep-alive, the rescue page); it reads
+# this same file for the spawner's settings, with the environment named here.
+from kubevirt_spawner.service import register  # noqa: E402
+
+register(c, __file__, pass_env=("POD_NAMESPACE", "CLUSTER_DOMAIN", "GOLDEN_IMAGE", "STORAGE_CLASS"))
+c.Workstations.snapshot_limit = 20
+c.Workstations.keepalive_max_minutes = 240
 
 # Last: a bad setting stops the hub here, with a message naming it.
 from kubevirt_spawner import KubeVirtSpawner  # noqa: E402

@@ -1,4 +1,5 @@
-"""Both hub configs (production, and the demo's, which is package data) load and give a spawner that passes its own configuration checks."""
+"""Both hub configs (production, and the demo's, which is package data) load, give a spawner that
+passes its own configuration checks, and register the workstations service."""
 
 from pathlib import Path
 
@@ -32,8 +33,42 @@ def test_production_config(monkeypatch):
 def test_local_demo_config(monkeypatch, tmp_path):
     env = {"KUBEVIRT_DEMO_STATE": str(tmp_path), "KUBEVIRT_DEMO_PORT": "8000", "KUBEVIRT_DEMO_HUB_PORT": "8081",
            "CONFIGPROXY_API_URL": "http://127.0.0.1:8001", "KUBEVIRT_DEMO_ADMIN_TOKEN": "x",
-           "KUBEVIRT_SPAWNER_KUBECONFIG": str(tmp_path / "kubeconfig"), "KUBEVIRT_DEMO_EXTRA_CONFIG": ""}
+           "KUBEVIRT_SPAWNER_KUBECONFIG": str(tmp_path / "kubeconfig"), "KUBEVIRT_DEMO_EXTRA_CONFIG": "",
+           "KUBEVIRT_DEMO_SERVICE_PORT": "8123"}
     c = load(DEMO_CONFIG, env, monkeypatch)
     spawner = KubeVirtSpawner(config=c)
     assert spawner.url_mode == "cluster-ip"
     assert [p["slug"] for p in spawner._profiles()] == ["cpu", "gpu-a100-1", "gpu-a100-2"]
+
+
+def service_registered(c, port: int | None = None):
+    """The workstations service: started by the hub from the same config file, with a role of
+    exactly its scopes; users and their servers' tokens may call it."""
+    from kubevirt_spawner.service import CONFIG_ENV, SERVICE_SCOPES
+    [service] = [s for s in c.JupyterHub.services if s["name"] == "workstations"]
+    assert service["command"][-3:-1] == ["service", "--port"]
+    assert service["environment"][CONFIG_ENV].endswith("jupyterhub_config.py") or \
+        service["environment"][CONFIG_ENV].endswith("demo_config.py")
+    if port:
+        assert service["url"] == f"http://127.0.0.1:{port}"
+    [role] = [r for r in c.JupyterHub.load_roles if r["name"] == "workstations-service"]
+    assert role["services"] == ["workstations"] and role["scopes"] == SERVICE_SCOPES
+    assert "access:services!service=workstations" in c.JupyterHub.extra_user_scopes
+    assert c.KubeVirtSpawner.server_token_scopes == ["users:activity!user", "access:servers!server",
+                                                     "access:services!service=workstations"]
+    return service
+
+
+def test_both_configs_register_the_workstations_service(monkeypatch, tmp_path):
+    c = load(HUB_CONFIG / "jupyterhub_config.py", {"POD_NAMESPACE": "hub-prod", "KUBERNETES_SERVICE_HOST": "10.0.0.1",
+                                                   "KUBERNETES_SERVICE_PORT": "443"}, monkeypatch)
+    env = service_registered(c)["environment"]
+    # In the hub's pod, the service needs what the in-cluster client reads, and what this file reads.
+    assert env["KUBERNETES_SERVICE_HOST"] == "10.0.0.1" and env["POD_NAMESPACE"] == "hub-prod"
+    assert c.Workstations.snapshot_limit == 20
+    demo_env = {"KUBEVIRT_DEMO_STATE": str(tmp_path), "KUBEVIRT_DEMO_PORT": "8000", "KUBEVIRT_DEMO_HUB_PORT": "8081",
+                "CONFIGPROXY_API_URL": "http://127.0.0.1:8001", "KUBEVIRT_DEMO_ADMIN_TOKEN": "secret",
+                "KUBEVIRT_DEMO_SERVICE_PORT": "8123",
+                "KUBEVIRT_SPAWNER_KUBECONFIG": str(tmp_path / "kubeconfig"), "KUBEVIRT_DEMO_EXTRA_CONFIG": ""}
+    env = service_registered(load(DEMO_CONFIG, demo_env, monkeypatch), 8123)["environment"]
+    assert "KUBEVIRT_DEMO_ADMIN_TOKEN" not in env and "CONFIGPROXY_AUTH_TOKEN" not in env  # no secrets it needs not

@@ -24,7 +24,9 @@ def register(c, config_file: str, port: int = 10101, pass_env: tuple[str, ...] =
     Users (through the `user` role) and each server's own token get access to it; the service's
     role holds only SERVICE_SCOPES. `pass_env`: environment variables the config file reads,
     passed on (a hub-managed service starts with a bare environment)."""
-    env = {name: os.environ[name] for name in pass_env if name in os.environ}
+    # (and what the Kubernetes client reads: in-cluster credentials, or a kubeconfig)
+    passed = (*pass_env, "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT", "KUBECONFIG")
+    env = {name: os.environ[name] for name in passed if name in os.environ}
     env[CONFIG_ENV] = os.path.abspath(config_file)
     services = list(c.JupyterHub.services) if "services" in c.JupyterHub else []
     services.append({"name": SERVICE_NAME, "url": f"http://127.0.0.1:{port}", "oauth_no_confirm": True,
@@ -39,5 +41,9 @@ def register(c, config_file: str, port: int = 10101, pass_env: tuple[str, ...] =
     extra = set(c.JupyterHub.extra_user_scopes) if "extra_user_scopes" in c.JupyterHub else set()
     c.JupyterHub.extra_user_scopes = extra | {access}
     # The server's own token (the guest holds it) may call the service too, for its own machine;
-    # the rest is JupyterHub's default for that token (the `server` role).
-    c.Spawner.server_token_scopes = ["users:activity!user", "access:servers!server", access]
+    # the rest is what the config gives that token, else JupyterHub's default (the `server` role).
+    scopes = ["users:activity!user", "access:servers!server"]
+    for section in ("Spawner", "KubeVirtSpawner"):
+        if section in c and "server_token_scopes" in c[section]:
+            scopes = list(c[section].server_token_scopes)
+    c.KubeVirtSpawner.server_token_scopes = [*scopes, access] if access not in scopes else scopes

@@ -265,13 +265,16 @@ class Workstations(LoggingConfigurable):
             m.virtual_machine_snapshot(ws.ident, name, note)
         except ValueError as exc:
             raise ServiceError(400, str(exc)) from None
-        if self.snapshot_limit and self._user_snapshot_count(user) >= self.snapshot_limit:
-            raise ServiceError(409, f"{user} has {self.snapshot_limit} snapshots, the most allowed; delete one "
-                                    "before taking another.")
+        self._check_snapshot_limit(user)
         async with self._lock(user, server):
             self._refuse_during_operation(ws)
             return await self._audited(caller, "snapshot", ws, ws.take_snapshot(name, note, self.operation_timeout),
                                        detail=name)
+
+    def _check_snapshot_limit(self, user: str, why: str = ""):
+        if self.snapshot_limit and self._user_snapshot_count(user) >= self.snapshot_limit:
+            raise ServiceError(409, f"{user} has {self.snapshot_limit} snapshots, the most allowed; delete one "
+                                    f"before taking another{why}.")
 
     async def snapshots(self, caller: Caller, user: str, server: str) -> list[dict]:
         ws = await self.existing(caller, user, server)
@@ -306,6 +309,8 @@ class Workstations(LoggingConfigurable):
                                     "disks are put back as they were in the snapshot.")
         if not isinstance(snapshot, str) or not snapshot:
             raise ServiceError(400, 'Name the snapshot to restore ("snapshot").')
+        if self.safety_snapshot:
+            self._check_snapshot_limit(user, " (a restore takes a safety snapshot first)")
         return await self._begin(caller, ws, "restore", lambda ops: ops.begin_restore(snapshot, caller.name),
                                  detail=snapshot)
 
@@ -316,6 +321,8 @@ class Workstations(LoggingConfigurable):
             raise ServiceError(400, f'Type the workstation\'s name to confirm the reset ("confirm": "{expected}"): '
                                     "its system disk is replaced by a fresh copy of the golden image; the workspace "
                                     "disk is kept and a snapshot is taken first.")
+        if self.safety_snapshot:
+            self._check_snapshot_limit(user, " (a reset takes a safety snapshot first)")
         return await self._begin(caller, ws, "reset", lambda ops: ops.begin_reset(caller.name))
 
     async def _begin(self, caller: Caller, ws: Workstation, kind: str, begin, detail: str = "") -> dict:

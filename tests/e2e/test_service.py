@@ -427,11 +427,17 @@ def test_keepalive_reports_activity_until_it_ends_and_a_stop_ends_it(hub, tokens
 
 
 def test_metrics_count_operations_snapshots_and_full_disks(hub, tokens):
-    """(After the operations of the tests above.)"""
+    """Counted since the service (last) started."""
+    hub.start_server("ivan")
+    hub.stop_server("ivan")
+    ivan = Client(hub, user_token(hub, "ivan"))
+    ivan.ok("POST", "/workstations/ivan/snapshots", {"name": "counted"}, 201)
+    ivan.ok("POST", "/workstations/ivan/restore", {"snapshot": "counted", "confirm": True}, 202)
+    assert wait_operation(ivan, "/workstations/ivan")["state"] == "done"
     text = Client(hub, tokens["admin"]).call("GET", "metrics").text
     assert re.search(r'^workstations_operations_total\{kind="restore",result="succeeded"\} [1-9]', text, re.M), text
-    assert re.search(r'^workstations_operations_total\{kind="reset",result="succeeded"\} 1\.0$', text, re.M)
-    assert re.search(r'^workstations_snapshots\{user="bob"\} [1-9]', text, re.M)
+    assert re.search(r'^workstations_operations_total\{kind="snapshot",result="succeeded"\} [1-9]', text, re.M)
+    assert re.search(r'^workstations_snapshots\{user="ivan"\} 2\.0$', text, re.M)  # and the safety one
     assert re.search(r"^workstations_disks_above_85_percent 0\.0$", text, re.M)
     assert "workstations_operation_seconds_bucket" in text
 
@@ -491,3 +497,22 @@ def test_the_rescue_page_restores_a_machine_that_does_not_boot(hub, cluster):
     assert "broken-line" not in hub.read_file("frank", "etc/fstab")
     page = browser.get(f"{hub.url}/services/workstations/workstation/frank", timeout=30).text
     assert "Open JupyterLab" in page and "/user/frank/lab" in page
+
+
+def test_the_snapshot_limit_is_per_user_and_says_so(hub, cluster, tokens):
+    """(c.Workstations.snapshot_limit = 6 here; safety snapshots count too.)"""
+    hub.start_server("hana")
+    hub.stop_server("hana")
+    hana = Client(hub, user_token(hub, "hana"))
+    for i in range(6):
+        hana.ok("POST", "/workstations/hana/snapshots", {"name": f"s{i}"}, 201)
+    before = namespace_state(cluster, "notebook-hana")
+    r = hana.call("POST", "/workstations/hana/snapshots", {"name": "one-more"})
+    assert (r.status_code, r.json()) == (409, {"error": "hana has 6 snapshots, the most allowed; delete one before "
+                                                        "taking another."})
+    r = hana.call("POST", "/workstations/hana/restore", {"snapshot": "s0", "confirm": True})  # needs a safety one
+    assert (r.status_code, r.json()) == (409, {"error": "hana has 6 snapshots, the most allowed; delete one before "
+                                                        "taking another (a restore takes a safety snapshot first)."})
+    assert namespace_state(cluster, "notebook-hana") == before
+    hana.ok("DELETE", "/workstations/hana/snapshots/s0")
+    hana.ok("POST", "/workstations/hana/snapshots", {"name": "one-more"}, 201)
