@@ -766,3 +766,41 @@ async def test_kubevirts_default_restore_would_give_the_disk_to_the_vm(env):
     assert claim.startswith("restore-")
     pvc = await env.caches.wait_for(lambda: env.caches.pvcs.get(ws.ident.namespace, claim), 10)
     assert [o["kind"] for o in pvc["metadata"].get("ownerReferences") or []] == ["VirtualMachine"]
+
+
+async def test_a_reset_installs_the_golden_image_configured_now(env):
+    """How users upgrade: the profile now names a newer golden image; a reset clones the system disk
+    from it (a start alone keeps the disk the machine has)."""
+    golden_v2 = "ubuntu-24-04-cuda-golden-v2"
+    await ensure_namespace(env, "vm-images")
+    try:
+        await env.kube.create(k.DV, {"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+                                     "metadata": {"name": golden_v2, "namespace": "vm-images"},
+                                     "spec": {"source": {"pvc": {"namespace": "vm-images",
+                                                                 "name": "ubuntu-24-04-cuda-golden"}},
+                                              "storage": {"resources": {"requests": {"storage": "60Gi"}}}}})
+    except k.KubeError as err:
+        if err.status != 409:
+            raise
+    async def listed(kind):  # (the caches hold only workstations' objects)
+        found = await env.kube.list(kind, "vm-images", field_selector=f"metadata.name={golden_v2}")
+        return next(iter(found.get("items") or []), None)
+    for _ in range(300):
+        if field_value(await listed(k.DV), "status.phase") == "Succeeded":
+            break
+        await asyncio.sleep(0.1)
+    new_image = await listed(k.PVC)
+    with open(os.path.join(env.sim.cluster.volume_dir(new_image), "etc", "golden-image"), "w") as f:
+        f.write("v2\n")
+    ws = workstation(env, "ugo")
+    await ws.start({}, [])
+    await ws.stop()
+    upgraded = workstation(env, "ugo", m.MachineSpec(golden_image=f"vm-images/{golden_v2}"))
+    await upgraded.start({}, [])  # a start keeps the disk
+    await upgraded.stop()
+    assert field_value(upgraded.rootdisk, "spec.source.pvc.name") == "ubuntu-24-04-cuda-golden"
+    op = await Operations(upgraded, LocalServer(upgraded)).run(
+        await Operations(upgraded, LocalServer(upgraded)).begin_reset(by="ugo"))
+    assert op.state == "done" and field_value(upgraded.rootdisk, "spec.source.pvc.name") == golden_v2
+    with open(os.path.join(env.sim.cluster.volume_dir(upgraded.rootdisk_pvc), "etc", "golden-image")) as f:
+        assert f.read() == "v2\n"

@@ -11,6 +11,7 @@ import types
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
+import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from traitlets import Bool, Float, Integer
 from traitlets.config import LoggingConfigurable
@@ -238,6 +239,15 @@ class Workstations(LoggingConfigurable):
         try:
             return await ws.snapshots_size()
         except WorkstationError:  # a missing permission, logged for the admin
+            return None
+
+    async def last_start(self, ws: Workstation) -> dict | None:
+        """What the hub said of the last start (its message, and whether it failed)."""
+        try:
+            return await self.hub.last_start(ws.ident.user, ws.ident.server)
+        except (HubError, aiohttp.ClientError, asyncio.TimeoutError) as err:
+            self.log.warning("cannot read the hub's progress of %s: %s",
+                             workstation_path(ws.ident.user, ws.ident.server), err)
             return None
 
     def start_events(self, ws: Workstation, limit: int = 20) -> list[dict]:

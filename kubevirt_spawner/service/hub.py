@@ -4,6 +4,7 @@ users and servers, stop and start servers (so the hub's view stays true), record
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from datetime import datetime, timezone
 from urllib.parse import quote
@@ -76,6 +77,17 @@ class Hub:
         """The hub's model of the server (ready, pending, ...), None when it has none."""
         model = await self.user(user)
         return ((model or {}).get("servers") or {}).get(server)
+
+    async def last_start(self, user: str, server: str) -> dict | None:
+        """The hub's last word on the server's start (its progress stream: the failure, or ready),
+        None when the hub has nothing to say."""
+        async with self._http().get(self.api_url + server_path(user, server) + "/progress",
+                                    timeout=aiohttp.ClientTimeout(total=self.timeout)) as resp:
+            if resp.status != 200:
+                return None
+            text = await resp.text()
+        events = [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:")]
+        return events[-1] if events else None
 
     async def running(self, user: str, server: str) -> bool:
         model = await self.server(user, server)

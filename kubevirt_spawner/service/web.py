@@ -199,7 +199,8 @@ class Page(Base):
             ws = await self.core.existing(caller, user, server or "")
             view = await self.core.describe(ws)
             self.render_page("workstation.html", caller=caller, ws=view, snapshots=await self.core.snapshots(
-                caller, user, server or ""), events=self.core.start_events(ws), message=self.get_argument("message", ""))
+                caller, user, server or ""), events=self.core.start_events(ws), last_start=await self.core.last_start(ws),
+                message=self.get_argument("message", ""))
         except ServiceError as err:
             self.set_status(err.status)
             self.render_page("error.html", status=err.status, message=err.message)

@@ -136,6 +136,8 @@ def test_snapshot_consistency_follows_the_guest_agent(hub, cluster, tokens):
     cluster.sim_api("PUT", "/vmis/notebook-bob/bob-workstation/agent", {"connected": True})
     hub.stop_server("bob")
     assert bob.ok("POST", "/workstations/bob/snapshots", {}, 201)["consistency"] == "offline"
+    taken = cluster.objects("snapshot.kubevirt.io", "v1beta1", "virtualmachinesnapshots", "notebook-bob")
+    assert all(t["status"]["snapshotVolumes"]["includedVolumes"] == ["rootdisk", "workspace"] for t in taken)
     listed = bob.ok("GET", "/workstations/bob/snapshots")["snapshots"]
     assert [s["consistency"] for s in listed] == ["application-consistent", "crash-consistent", "offline"]
     assert listed[0]["note"] == "before CUDA" and all(s["ready"] for s in listed)
@@ -479,6 +481,7 @@ def test_the_rescue_page_restores_a_machine_that_does_not_boot(hub, cluster):
     page = browser.get(f"{hub.url}/services/workstations/workstation/frank", timeout=30)
     assert page.status_code == 200 and 'data-name="good"' in page.text
     assert "Why the last start waited or failed" in page.text
+    assert "<strong>failed</strong>" in page.text  # the hub's word on the failed start
     before = namespace_state(cluster, "notebook-frank")
     forged = browser.post(f"{hub.url}/services/workstations/workstation/frank",
                           data={"action": "restore", "snapshot": "good", "confirm": "yes"}, timeout=30)
