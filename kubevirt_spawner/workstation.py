@@ -570,8 +570,12 @@ class Workstation:
                                                reason="snapshot-exists", status_code=409) from None
 
             def finished() -> dict | None:
+                # Done, and the VM unlocked: KubeVirt refuses a stop or start while a snapshot holds
+                # it (status.snapshotInProgress; pkg/storage/admitters/vm-storage-status.go), and
+                # lets go a moment after the snapshot succeeded.
                 snap = self._snapshot(name)
-                return snap if snap and snap["phase"] in ("Succeeded", "Failed") else None
+                locked = field_value(self.vm, "status.snapshotInProgress") == (snap or {}).get("object")
+                return snap if snap and snap["phase"] in ("Succeeded", "Failed") and not locked else None
             try:
                 done = await self.caches.wait_for(finished, timeout, self.ident.namespace)
             except asyncio.TimeoutError:
@@ -648,17 +652,30 @@ class Workstation:
                 status = current.get("status") or {}
                 if status.get("complete"):
                     self.log.info("restored snapshot %s", name)
+                    await self._restored(restore_name)
                     return current
                 failure = condition(current, "Failure")
                 if failure.get("status") == "True":
                     why = failure.get("message") or failure.get("reason") or "no reason given"
-                    raise WorkstationError(f"Restoring the snapshot {name} failed ({why}).", reason="restore-failed",
+                    # A failed restore stays incomplete, and KubeVirt refuses any other restore of the
+                    # VM while it exists (pkg/storage/admitters/vmrestore.go): it goes.
+                    await self.kube.delete(k.RESTORE, self.ident.namespace, restore_name)
+                    raise WorkstationError(f"Restoring the snapshot {name} failed ({why}); nothing was changed "
+                                           "that a new restore cannot put right.", reason="restore-failed",
                                            status_code=500)
                 if time.monotonic() > deadline:
                     raise WorkstationError(f"Restoring the snapshot {name} did not finish within {timeout:.0f} "
                                            "seconds; it may still. Ask your administrator to look at "
                                            f"VirtualMachineRestore {restore_name}.", reason="timeout", status_code=504)
                 await asyncio.sleep(1.0)
+
+    async def _restored(self, restore_name: str):
+        """After a restore: the VM has the snapshot's spec but still the current spec's hash, so
+        the hash goes and the next start applies the current profile; the restore object goes too
+        (the operation's record and the log keep what happened)."""
+        await self.kube.patch(k.VM, self.ident.namespace, self.ident.vm,
+                              {"metadata": {"annotations": {ANNOTATION_SPEC_HASH: None}}})
+        await self.kube.delete(k.RESTORE, self.ident.namespace, restore_name)
 
     async def _restore_object(self, name: str) -> dict | None:
         found = await self.kube.list(k.RESTORE, self.ident.namespace, field_selector=f"metadata.name={name}")

@@ -789,6 +789,8 @@ async def test_a_reset_installs_the_golden_image_configured_now(env):
         if field_value(await listed(k.DV), "status.phase") == "Succeeded":
             break
         await asyncio.sleep(0.1)
+    else:
+        raise AssertionError("the second golden image was not cloned within 30 s")
     new_image = await listed(k.PVC)
     with open(os.path.join(env.sim.cluster.volume_dir(new_image), "etc", "golden-image"), "w") as f:
         f.write("v2\n")

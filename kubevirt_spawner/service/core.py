@@ -373,13 +373,17 @@ class Workstations(LoggingConfigurable):
     async def resume_interrupted(self):
         """At start-up: operations a previous run of the service left under way go on."""
         caches = self._caches()
+        delay = 5.0
         while True:  # nothing can be decided before the caches have the cluster's state
             try:
                 await caches.wait_synced(60)
                 break
             except (asyncio.TimeoutError, k.KubeError) as err:
+                # (a refused cache fails at once: wait before asking again, the cache retries itself)
                 self.log.warning("the caches are not synced yet (%s); operations left under way wait: %s",
                                  caches.unsynced(), err or "timeout")
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 300.0)
         for user, server in self.all_workstations():
             ws = await self.workstation(user, server)
             op = Operation.from_vm(ws.vm)
@@ -387,12 +391,6 @@ class Workstations(LoggingConfigurable):
                 ws.log.info("going on with the %s %s asked for (%s)", op.kind, op.by, op.describe())
                 self._tasks[(user, server)] = asyncio.ensure_future(self._run(op.by, self.operations(ws), op,
                                                                               op.snapshot))
-
-    async def wait_idle(self, user: str, server: str):
-        """For tests and a clean shutdown: the operation of that workstation, if any, has ended."""
-        task = self._tasks.get((user, server))
-        if task is not None:
-            await asyncio.wait([task])
 
     # ---------------------------------------------------------------- stop, keep-alive
     async def stop(self, caller: Caller, user: str, server: str) -> dict:
@@ -521,9 +519,11 @@ class Workstations(LoggingConfigurable):
             result = await work
         except WorkstationError as err:
             self._audit(caller, action, ws, f"failed: {err.jupyterhub_message}", detail)
+            self.m_operations.labels(action, "failed").inc()
             raise ServiceError(err.status_code, err.jupyterhub_message or str(err)) from None
         except HubError as err:
             self._audit(caller, action, ws, f"failed: the hub said {err}", detail)
+            self.m_operations.labels(action, "failed").inc()
             raise ServiceError(502, f"The hub refused: {err.message}") from None
         self._audit(caller, action, ws, "done", detail)
         self.m_operations.labels(action, "succeeded").inc()

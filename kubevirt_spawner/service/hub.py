@@ -62,17 +62,6 @@ class Hub:
                 return None
             raise
 
-    async def users(self) -> list[dict]:
-        out: list[dict] = []
-        offset = 0
-        while True:  # the hub pages its user list
-            _, page = await self.call("GET", f"/users?offset={offset}&limit=200")
-            items = page if isinstance(page, list) else (page or {}).get("items") or []
-            out += items
-            if len(items) < 200:
-                return out
-            offset += len(items)
-
     async def server(self, user: str, server: str) -> dict | None:
         """The hub's model of the server (ready, pending, ...), None when it has none."""
         model = await self.user(user)

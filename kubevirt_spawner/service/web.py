@@ -49,7 +49,9 @@ class Base(HubOAuthenticated, web.RequestHandler):
             raise ServiceError(403, f"This token may not use the {SERVICE_NAME} service; it needs the scope "
                                     f"access:services!service={SERVICE_NAME}.") from None
         scopes = set(model.get("scopes") or [])
-        by_token = bool(self.request.headers.get("Authorization"))
+        # A token (in a header or in the URL, as HubAuth takes it) carries its own scopes; only the
+        # hub's browser session (the OAuth cookie) stands for the user with all their rights.
+        by_token = bool(getattr(self, "_token_authenticated", False))
         admin = bool(model.get("admin")) and (not by_token or "admin:servers" in scopes)
         if model.get("kind") == "service":
             return Caller(f"service:{model['name']}", "admin:servers" in scopes)
@@ -175,9 +177,16 @@ class Metrics(Api):
         self.finish(generate_latest(self.core.registry))
 
 
+DONE = {"snapshot": "Snapshot taken.", "deleted": "Snapshot deleted.", "restore": "Restore started.",
+        "reset": "Reset started.", "stopped": "Stopped."}
+
+
 class Page(Base):
     """The rescue page: the caller's workstations (an admin's: everyone's) and their actions, as
     plain forms, usable while a machine is stopped or does not boot."""
+
+    def set_default_headers(self):
+        self.set_header("Content-Security-Policy", "frame-ancestors 'self'")  # no framing: no clickjacking
 
     def render_page(self, name: str, **values):
         values.update(prefix=self.settings["prefix"], hub_prefix=self.settings["hub_prefix"],
@@ -200,7 +209,7 @@ class Page(Base):
             view = await self.core.describe(ws)
             self.render_page("workstation.html", caller=caller, ws=view, snapshots=await self.core.snapshots(
                 caller, user, server or ""), events=self.core.start_events(ws), last_start=await self.core.last_start(ws),
-                message=self.get_argument("message", ""))
+                message=DONE.get(self.get_argument("done", ""), ""))
         except ServiceError as err:
             self.set_status(err.status)
             self.render_page("error.html", status=err.status, message=err.message)
@@ -215,22 +224,22 @@ class Page(Base):
             if user is None:
                 raise ServiceError(404, "No workstation named.")
             if action == "snapshot":
-                snap = await self.core.take_snapshot(caller, user, srv, self.get_body_argument("name", "") or None,
-                                                     self.get_body_argument("note", ""))
-                message = f"Snapshot {snap['name']} taken ({snap['consistency']})."
+                await self.core.take_snapshot(caller, user, srv, self.get_body_argument("name", "") or None,
+                                              self.get_body_argument("note", ""))
+                done = "snapshot"
             elif action == "delete-snapshot":
                 await self.core.delete_snapshot(caller, user, srv, self.get_body_argument("snapshot", ""))
-                message = "Snapshot deleted."
+                done = "deleted"
             elif action == "restore":
                 await self.core.restore(caller, user, srv, self.get_body_argument("snapshot", ""),
                                         self.get_body_argument("confirm", "") == "yes")
-                message = "Restore started."
+                done = "restore"
             elif action == "reset":
                 await self.core.reset(caller, user, srv, self.get_body_argument("confirm", ""))
-                message = "Reset started."
+                done = "reset"
             elif action == "stop":
                 await self.core.stop(caller, user, srv)
-                message = "Stopped."
+                done = "stopped"
             else:
                 raise ServiceError(400, "Unknown action.")
         except ServiceError as err:
@@ -239,7 +248,7 @@ class Page(Base):
         page = f"{self.settings['prefix']}workstation/{quote(user, safe='')}"
         if srv:
             page += f"/servers/{quote(srv, safe='')}"
-        self.redirect(f"{page}?message={quote(message)}")
+        self.redirect(f"{page}?done={done}")
 
 
 def make_app(core: Workstations, prefix: str, hub_prefix: str = "/hub/") -> web.Application:
@@ -284,10 +293,10 @@ async def serve(port: int, config_path: str | None = None):
     app = make_app(core, prefix, os.environ.get("JUPYTERHUB_BASE_URL", "/").rstrip("/") + "/hub/")
     app.listen(port, "127.0.0.1")
     log.info("workstations service on 127.0.0.1:%d%s (hub config %s)", port, prefix, path)
-    keepalives = asyncio.ensure_future(core.report_keepalives())
+    background = [asyncio.ensure_future(core.report_keepalives()), asyncio.ensure_future(core.resume_interrupted())]
     try:
-        await core.resume_interrupted()
         await asyncio.Event().wait()
     finally:
-        keepalives.cancel()
+        for task in background:
+            task.cancel()
         await hub.close()

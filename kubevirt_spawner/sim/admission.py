@@ -42,11 +42,15 @@ def _vm(store, rt, obj, old, user):
     if has_strategy and spec["runStrategy"] not in RUN_STRATEGIES:
         raise errors.invalid(rt, name, [{"field": "spec.runStrategy", "reason": "FieldValueInvalid",
                                          "message": f"Invalid RunStrategy ({spec['runStrategy']})"}])
+    # pkg/storage/admitters/vm-storage-status.go: no change of the run state while the VM is locked
     restoring = field_value(old, "status.restoreInProgress") if old else None
     if restoring and _run_strategy(obj) != _run_strategy(old):
-        # pkg/storage/admitters/vm-storage-status.go
         raise errors.invalid(rt, name, [{"field": "spec", "message":
                                          f'Cannot update VM runStrategy until restore "{restoring}" completes'}])
+    snapshotting = field_value(old, "status.snapshotInProgress") if old else None
+    if snapshotting and _run_strategy(obj) != _run_strategy(old):
+        raise errors.invalid(rt, name, [{"field": "spec", "message":
+                                         f'Cannot update vm running state until snapshot "{snapshotting}" completes'}])
     tspec = field_value(spec, "template.spec") or {}
     volumes = {v.get("name") for v in tspec.get("volumes") or []}
     for i, disk in enumerate(field_value(tspec, "domain.devices.disks") or []):
@@ -140,9 +144,7 @@ def _snapshot_like(store, rt, obj, old, user):
                                              "reason": "FieldValueRequired", "message": "Required value"}])
         for other in store.list(rt, ns):
             ospec = other.get("spec") or {}
-            if (field_value(ospec, "target.name") == ref.get("name")
-                    and not field_value(other, "status.complete")
-                    and not other["metadata"].get("deletionTimestamp")):
+            if field_value(ospec, "target.name") == ref.get("name") and not field_value(other, "status.complete"):
                 raise errors.invalid(rt, name, [{"field": "spec.target", "reason": "FieldValueInvalid",
                                                  "message": f"VirtualMachineRestore \"{other['metadata']['name']}\" "
                                                             "in progress"}])

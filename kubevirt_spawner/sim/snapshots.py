@@ -104,6 +104,8 @@ class Snapshots:
             _conds(status, ("True", "Operation in progress", "Source locked and operation in progress"),
                    ("False", "Operation in progress", "Not ready"))
             self._write(SNAP, snap, status)
+            # The source is locked while the snapshot runs (pkg/storage/snapshot/source.go).
+            self._write(VM, vm, {**(vm.get("status") or {}), "snapshotInProgress": name})
             await self._take(snap, vm)
             self.c.step_due(self.c.snapshot_queue, key, "snapshot")
             return
@@ -127,6 +129,12 @@ class Snapshots:
             if vs is not None:
                 self._write(VS, vs, {**(vs.get("status") or {}), "readyToUse": True, "creationTime": now_iso()})
         self._write(SNAP, snap, status)
+        # Unlocked after the phase is Succeeded (upstream: on the next reconcile).
+        vm = self.store.get(VM, ns, field_value(snap, "spec.source.name") or "")
+        if vm is not None and field_value(vm, "status.snapshotInProgress") == name:
+            vm_status = dict(vm.get("status") or {})
+            vm_status.pop("snapshotInProgress", None)
+            self._write(VM, vm, vm_status)
         self.c.events.record(snap, "Normal", "SuccessfulVirtualMachineSnapshot",
                              f"Successfully completed VirtualMachineSnapshot {name}", "snapshot-controller")
 
