@@ -453,16 +453,18 @@ def test_metrics_count_operations_snapshots_and_full_disks(hub, tokens):
     assert "workstations_operation_seconds_bucket" in text
 
 
-def login(hub: Hub, user: str) -> requests.Session:
-    """A browser's session: the hub's login form (with its XSRF token), then OAuth into the service."""
+def login(hub: Hub, user: str) -> tuple[requests.Session, requests.Response]:
+    """A browser going to the rescue page: sent to the hub's login form (its XSRF token read from
+    the form), then back through OAuth to the page (not to the user's server, which the hub would
+    start)."""
     from kubevirt_spawner.demo import DEMO_PASSWORD
     browser = requests.Session()
-    page = browser.get(f"{hub.url}/hub/login", timeout=30)
-    xsrf = re.search(r'name="_xsrf" value="([^"]+)"', page.text).group(1)
-    r = browser.post(f"{hub.url}/hub/login", data={"username": user, "password": DEMO_PASSWORD, "_xsrf": xsrf},
-                     timeout=30)
-    assert r.status_code == 200, r.status_code
-    return browser
+    form = browser.get(f"{hub.url}/services/workstations/", timeout=30)
+    assert "/hub/login" in form.url, form.url
+    page = browser.post(form.url, data={"username": user, "password": DEMO_PASSWORD, "_xsrf": form_token(form.text)},
+                        timeout=30)
+    assert page.status_code == 200 and page.url.startswith(f"{hub.url}/services/workstations/"), page.url
+    return browser, page
 
 
 def form_token(page: str) -> str:
@@ -484,9 +486,8 @@ def test_the_rescue_page_restores_a_machine_that_does_not_boot(hub, cluster):
     failure = wait_for(lambda: hub.spawn_failure("frank"), 90, what="the failed start")
     assert "frank" in failure or "did not" in failure or "respond" in failure, failure
 
-    browser = login(hub, "frank")
-    page = browser.get(f"{hub.url}/services/workstations/", timeout=30)
-    assert page.status_code == 200 and 'data-name="frank"' in page.text, page.text[:500]
+    browser, page = login(hub, "frank")
+    assert 'data-name="frank"' in page.text, page.text[:500]
     page = browser.get(f"{hub.url}/services/workstations/workstation/frank", timeout=30)
     assert page.status_code == 200 and 'data-name="good"' in page.text
     assert "Why the last start waited or failed" in page.text
