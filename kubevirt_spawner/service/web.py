@@ -16,6 +16,8 @@ import jinja2
 from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler, HubOAuthenticated, UserNotAllowed
 from prometheus_client import generate_latest
 from tornado import web
+from traitlets import default
+from traitlets.config import Application
 from traitlets.config.loader import PyFileConfigLoader
 
 from ..workstation import WorkstationError
@@ -281,8 +283,20 @@ def load_hub_config(path: str):
     return PyFileConfigLoader(name, path=folder).load_config()
 
 
+class ServiceApp(Application):
+    """The service's process: its logger is the one every configurable of the process (the
+    spawner's code, HubOAuth) logs through, in JupyterHub's format, to the hub's log."""
+
+    name = SERVICE_NAME
+    log_format = "[%(levelname)1.1s %(asctime)s.%(msecs).03d %(name)s %(module)s:%(lineno)d] %(message)s"
+
+    @default("log_level")
+    def _default_log_level(self):
+        return logging.INFO  # the audit lines are INFO
+
+
 async def serve(port: int, config_path: str | None = None):
-    log = logging.getLogger(SERVICE_NAME)
+    log = ServiceApp.instance().log
     path = config_path or os.environ.get(CONFIG_ENV)
     if not path:
         raise SystemExit(f"kubevirt-spawner service: no hub config (--config or ${CONFIG_ENV})")
