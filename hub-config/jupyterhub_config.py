@@ -26,6 +26,9 @@ c.ConfigurableHTTPProxy.should_start = False
 c.ConfigurableHTTPProxy.api_url = f"http://proxy-api.{hub_namespace}.svc.{cluster_domain}:8001"
 c.JupyterHub.cleanup_servers = False  # workstations keep running across hub restarts and upgrades
 c.JupyterHub.allow_named_servers = True
+# Activity is what the workstation's server reports (API use, kernels, terminals), not any traffic
+# through the proxy: an open tab's polling (the Workstation panel's included) would keep it "active".
+c.JupyterHub.last_activity_interval = 0
 c.JupyterHub.named_server_limit_per_user = 3
 c.JupyterHub.db_url = "sqlite:////srv/jupyterhub/jupyterhub.sqlite"
 c.JupyterHub.cookie_secret_file = "/srv/jupyterhub/jupyterhub_cookie_secret"
@@ -73,7 +76,10 @@ c.KubeVirtSpawner.profile_list = [
 # this same file for the spawner's settings, with the environment named here.
 from kubevirt_spawner.service import register  # noqa: E402
 
-register(c, __file__, pass_env=("POD_NAMESPACE", "CLUSTER_DOMAIN", "GOLDEN_IMAGE", "STORAGE_CLASS"))
+# It listens on the hub pod's address: the proxy and the workstations' Lab panels reach it through
+# the Service `hub` (which must expose port 10101 beside 8081).
+register(c, __file__, pass_env=("POD_NAMESPACE", "CLUSTER_DOMAIN", "GOLDEN_IMAGE", "STORAGE_CLASS"),
+         ip="0.0.0.0", host=f"hub.{hub_namespace}.svc.{cluster_domain}")
 c.Workstations.snapshot_limit = 20
 c.Workstations.keepalive_max_minutes = 240
 

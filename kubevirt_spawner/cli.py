@@ -31,7 +31,7 @@ def _demo(args) -> int:
 def _service(args) -> int:
     from .service.web import serve
     try:
-        asyncio.run(serve(args.port, args.config))
+        asyncio.run(serve(args.port, args.config, args.ip))
     except KeyboardInterrupt:
         pass
     return 0
@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--speed", type=float, default=5.0, help="simulated cluster speed factor (default 5)")
     demo.set_defaults(func=_demo)
     service = sub.add_parser("service", help="run the workstations hub service (JupyterHub starts it)")
-    service.add_argument("--port", type=int, default=10101, help="port on 127.0.0.1 (default 10101)")
+    service.add_argument("--ip", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    service.add_argument("--port", type=int, default=10101, help="port to listen on (default 10101)")
     service.add_argument("--config", default=None, help="the hub's config file (default: "
                                                         "$KUBEVIRT_SPAWNER_HUB_CONFIG, set by service.register)")
     service.set_defaults(func=_service)

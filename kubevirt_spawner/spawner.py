@@ -101,6 +101,10 @@ class KubeVirtSpawner(Spawner):
     retention_days = Integer(30, config=True, help="""
         Days the disks of a deleted user or named server are kept (labelled as retained).""")
     stop_timeout = Integer(300, config=True, help="Seconds a graceful stop may take before the VM is forced off.")
+    workstations_url = Unicode("", config=True, help="""
+        URL at which a workstation reaches the hub's `workstations` service (its Lab panel calls
+        it), ending in /services/workstations/; `service.register()` sets it. Passed to the guest
+        as KUBEVIRT_WORKSTATIONS_URL.""")
     profile_list = Union([List(Dict()), Callable()], config=True, help="""
         Profiles users choose from: dicts with display_name, slug, description, default, version and
         kubevirt_override (settings such as cpu_guarantee, mem_guarantee, gpus, node_selector,
@@ -110,6 +114,10 @@ class KubeVirtSpawner(Spawner):
     @default("profile_list")
     def _default_profile_list(self):
         return []
+
+    @default("default_url")
+    def _default_default_url(self):
+        return "/lab"  # a workstation is a JupyterLab machine
 
     @default("start_timeout")
     def _default_start_timeout(self):
@@ -338,6 +346,8 @@ class KubeVirtSpawner(Spawner):
     def get_env(self):
         env = super().get_env()
         env["JUPYTERHUB_SERVICE_URL"] = f"http://0.0.0.0:{m.JUPYTER_PORT}{self.server.base_url if self.server else '/'}"
+        if self.workstations_url:
+            env["KUBEVIRT_WORKSTATIONS_URL"] = self.workstations_url
         return env
 
     async def start(self):

@@ -46,11 +46,16 @@ def service_registered(c, port: int | None = None):
     exactly its scopes; users and their servers' tokens may call it."""
     from kubevirt_spawner.service import CONFIG_ENV, SERVICE_SCOPES
     [service] = [s for s in c.JupyterHub.services if s["name"] == "workstations"]
-    assert service["command"][-3:-1] == ["service", "--port"]
+    command = service["command"]
+    assert command[command.index("service"):] == ["service", "--ip", command[-3], "--port", command[-1]]
     assert service["environment"][CONFIG_ENV].endswith("jupyterhub_config.py") or \
         service["environment"][CONFIG_ENV].endswith("demo_config.py")
     if port:
         assert service["url"] == f"http://127.0.0.1:{port}"
+    # The workstations' Lab panels reach it where the proxy does (the guest server extension).
+    assert c.KubeVirtSpawner.workstations_url == service["url"] + "/services/workstations/"
+    # Activity is what servers report, not traffic through the proxy (an open tab's polling).
+    assert c.JupyterHub.last_activity_interval == 0
     [role] = [r for r in c.JupyterHub.load_roles if r["name"] == "workstations-service"]
     assert role["services"] == ["workstations"] and role["scopes"] == SERVICE_SCOPES
     assert "access:services!service=workstations" in c.JupyterHub.extra_user_scopes
@@ -72,3 +77,15 @@ def test_both_configs_register_the_workstations_service(monkeypatch, tmp_path):
                 "KUBEVIRT_SPAWNER_KUBECONFIG": str(tmp_path / "kubeconfig"), "KUBEVIRT_DEMO_EXTRA_CONFIG": ""}
     env = service_registered(load(DEMO_CONFIG, demo_env, monkeypatch), 8123)["environment"]
     assert "KUBEVIRT_DEMO_ADMIN_TOKEN" not in env and "CONFIGPROXY_AUTH_TOKEN" not in env  # no secrets it needs not
+
+
+def test_in_a_cluster_the_service_listens_on_the_hub_pods_address(monkeypatch):
+    """In the hub's pod the proxy (its own pod) and the workstations (VMs) reach the service through
+    the Service `hub`, not the pod's loopback."""
+    c = load(HUB_CONFIG / "jupyterhub_config.py", {"POD_NAMESPACE": "hub-prod"}, monkeypatch)
+    [service] = [s for s in c.JupyterHub.services if s["name"] == "workstations"]
+    assert service["command"][-4:] == ["--ip", "0.0.0.0", "--port", "10101"]
+    assert service["url"] == "http://hub.hub-prod.svc.cluster.local:10101"
+    spawner = KubeVirtSpawner(config=c)
+    assert spawner.workstations_url == "http://hub.hub-prod.svc.cluster.local:10101/services/workstations/"
+    assert spawner.default_url == "/lab"  # a workstation is a JupyterLab machine

@@ -22,6 +22,9 @@ c.JupyterHub.cookie_secret_file = f"{state}/hub/jupyterhub_cookie_secret"
 c.JupyterHub.pid_file = f"{state}/hub/jupyterhub.pid"
 c.JupyterHub.cleanup_servers = False  # workstations keep running across hub restarts
 c.JupyterHub.allow_named_servers = True
+# Activity is what the workstation's server reports (API use, kernels, terminals), not any traffic
+# through the proxy: an open tab's polling (the Workstation panel's included) would keep it "active".
+c.JupyterHub.last_activity_interval = 0
 c.JupyterHub.authenticator_class = "dummy"
 c.DummyAuthenticator.password = DEMO_PASSWORD
 c.Authenticator.allow_all = True
@@ -36,6 +39,7 @@ c.KubeVirtSpawner.kubeconfig = os.environ["KUBEVIRT_SPAWNER_KUBECONFIG"]
 c.KubeVirtSpawner.url_mode = "cluster-ip"  # no cluster DNS on this machine
 c.KubeVirtSpawner.golden_image = "vm-images/ubuntu-24-04-cuda-golden"
 c.KubeVirtSpawner.root_disk_size = "60Gi"
+c.KubeVirtSpawner.workspace_disk_size = "20Gi"  # /home: kept by a system reset
 c.KubeVirtSpawner.args = ["--ContentsManager.allow_hidden=True"]  # dotfiles are part of a workstation
 c.KubeVirtSpawner.start_timeout = 300
 c.KubeVirtSpawner.clone_stall_timeout = 120

@@ -18,19 +18,24 @@ CONFIG_ENV = "KUBEVIRT_SPAWNER_HUB_CONFIG"
 SERVICE_SCOPES = ["list:users", "read:users", "read:servers", "servers", "users:activity"]
 
 
-def register(c, config_file: str, port: int = 10101, pass_env: tuple[str, ...] = ()):
+def register(c, config_file: str, port: int = 10101, pass_env: tuple[str, ...] = (), ip: str = "127.0.0.1",
+             host: str | None = None):
     """Add the service to a hub config `c` (call it from jupyterhub_config.py with `__file__`).
 
     Users (through the `user` role) and each server's own token get access to it; the service's
     role holds only SERVICE_SCOPES. `pass_env`: environment variables the config file reads,
-    passed on (a hub-managed service starts with a bare environment)."""
+    passed on (a hub-managed service starts with a bare environment). The service listens on
+    `ip`:`port`; the proxy and the workstations' Lab panels reach it at `host` (default `ip`):
+    in a cluster, the hub pod's Service name with `ip="0.0.0.0"`."""
     # (and what the Kubernetes client reads: in-cluster credentials, or a kubeconfig)
     passed = (*pass_env, "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT", "KUBECONFIG")
     env = {name: os.environ[name] for name in passed if name in os.environ}
     env[CONFIG_ENV] = os.path.abspath(config_file)
     services = list(c.JupyterHub.services) if "services" in c.JupyterHub else []
-    services.append({"name": SERVICE_NAME, "url": f"http://127.0.0.1:{port}", "oauth_no_confirm": True,
-                     "command": [sys.executable, "-m", "kubevirt_spawner.cli", "service", "--port", str(port)],
+    url = f"http://{host or ip}:{port}"
+    services.append({"name": SERVICE_NAME, "url": url, "oauth_no_confirm": True,
+                     "command": [sys.executable, "-m", "kubevirt_spawner.cli", "service", "--ip", ip,
+                                 "--port", str(port)],
                      "environment": env, "display": True})
     c.JupyterHub.services = services
     roles = list(c.JupyterHub.load_roles) if "load_roles" in c.JupyterHub else []
@@ -47,3 +52,4 @@ def register(c, config_file: str, port: int = 10101, pass_env: tuple[str, ...] =
         if section in c and "server_token_scopes" in c[section]:
             scopes = list(c[section].server_token_scopes)
     c.KubeVirtSpawner.server_token_scopes = [*scopes, access] if access not in scopes else scopes
+    c.KubeVirtSpawner.workstations_url = f"{url}/services/{SERVICE_NAME}/"

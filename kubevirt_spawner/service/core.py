@@ -19,7 +19,7 @@ from traitlets.config import LoggingConfigurable
 from .. import kube as k
 from .. import manifests as m
 from ..objects import ROOT_DISK_SERIAL, WORKSPACE_DISK_SERIAL, field_value
-from ..operations import Operation, Operations
+from ..operations import STEP_LABELS, Operation, Operations
 from ..quantity import parse_quantity
 from ..spawner import KubeVirtSpawner
 from ..workstation import Workstation, WorkstationError
@@ -75,6 +75,9 @@ class Workstations(LoggingConfigurable):
     keepalive_interval = Float(60.0, config=True, help="""
         Seconds between the activity reports the service sends the hub while a keep-alive lasts.""")
     operation_timeout = Float(1800.0, config=True, help="Seconds each step of a restore or reset may take.")
+    idle_timeout = Integer(0, config=True, help="""
+        Seconds without activity after which the hub's idle culler stops a workstation (the culler's
+        own timeout; set both to the same value). 0: no idle stops, no deadline shown.""")
 
     def __init__(self, hub: Hub, **kwargs):
         super().__init__(**kwargs)
@@ -156,6 +159,8 @@ class Workstations(LoggingConfigurable):
         op = Operation.from_vm(vm)
         keepalive = self._keepalives.get((ident.user, ident.server))
         template = field_value(vm, "spec.template.spec") or {}
+        agent_connected = any(c.get("type") == "AgentConnected" and c.get("status") == "True"
+                              for c in field_value(vmi, "status.conditions") or [])
         return {
             "user": ident.user, "server": ident.server, "phase": ws.status(),
             "hub": {"ready": bool(server and server.get("ready")), "pending": (server or {}).get("pending"),
@@ -171,7 +176,25 @@ class Workstations(LoggingConfigurable):
             "snapshots": {"count": len(snaps), "total_size": _gib(await self._snapshots_size(ws))},
             "operation": _operation_view(op),
             "keepalive_until": _iso(keepalive) if keepalive and keepalive > _now() else None,
+            "agent_connected": agent_connected,
+            # what a snapshot taken now would be (KubeVirt freezes the filesystems through the agent)
+            "snapshot_consistency": ("offline" if vmi is None else "application-consistent" if agent_connected
+                                     else "crash-consistent"),
+            "idle": self._idle(server, keepalive),
         }
+
+    def _idle(self, server: dict | None, keepalive: datetime | None) -> dict | None:
+        """When the idle culler would stop the running server: its last activity plus the timeout,
+        or the end of a keep-alive when that is later. None without idle stops or a running server."""
+        if not self.idle_timeout or not server or not server.get("ready"):
+            return None
+        last = _parse_time(server.get("last_activity"))
+        if last is None:
+            return None
+        deadline = last + timedelta(seconds=self.idle_timeout)
+        if keepalive and keepalive > deadline:
+            deadline = keepalive
+        return {"timeout_seconds": self.idle_timeout, "last_activity": _iso(last), "deadline": _iso(deadline)}
 
     async def _hub_server(self, user: str, server: str) -> dict | None:
         try:
@@ -393,15 +416,24 @@ class Workstations(LoggingConfigurable):
                                                                               op.snapshot))
 
     # ---------------------------------------------------------------- stop, keep-alive
-    async def stop(self, caller: Caller, user: str, server: str) -> dict:
+    async def stop(self, caller: Caller, user: str, server: str, wait=True) -> dict:
+        """Stop through the hub. `wait=False` answers once the stop is under way: a caller on the
+        machine itself (the Lab panel) would otherwise lose its answer with the machine."""
+        if not isinstance(wait, bool):
+            raise ServiceError(400, '"wait" must be true or false.')
         ws = await self.existing(caller, user, server)
         async with self._lock(user, server):
             self._refuse_during_operation(ws)
             if not await self.hub.running(user, server) and ws.stopped:
                 return {"stopped": True, "changed": False}
-            await self._audited(caller, "stop", ws, self.hub.stop(user, server, ws.settings.stop_timeout + 60))
             self._keepalives.pop((user, server), None)
-            return {"stopped": True, "changed": True}
+            stopping = self._audited(caller, "stop", ws, self.hub.stop(user, server, ws.settings.stop_timeout + 60))
+            if wait:
+                await stopping
+                return {"stopped": True, "changed": True}
+        task = asyncio.ensure_future(stopping)
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # failures are audited and logged
+        return {"stopped": False, "stopping": True, "changed": True}
 
     async def keepalive(self, caller: Caller, user: str, server: str, minutes) -> dict:
         ws = await self.existing(caller, user, server)
@@ -554,10 +586,21 @@ def _json(raw) -> dict | None:
         return None
 
 
+def _parse_time(value) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
 def _operation_view(op: Operation | None) -> dict | None:
     if op is None:
         return None
     return {"kind": op.kind, "state": op.state, "step": op.step + 1, "steps": len(op.steps),
+            "step_labels": [STEP_LABELS.get(name, name) for name in op.steps],
             "step_name": op.current, "description": op.describe(), "by": op.by, "started": op.started,
             "updated": op.updated, "snapshot": op.snapshot or None, "safety_snapshot": op.safety or None,
             "error": op.error or None}

@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import secrets
+from collections.abc import Callable
 from urllib.parse import quote
 
 import jinja2
@@ -85,14 +86,15 @@ class Api(Base):
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"error": message}))
 
-    async def run(self, work, status: int = 200):
+    async def run(self, work, status: int | Callable[[dict], int] = 200):
         try:
             result = await work
         except ServiceError as err:
             return self.write_json({"error": err.message}, err.status)
         except WorkstationError as err:
             return self.write_json({"error": err.jupyterhub_message}, err.status_code)
-        self.write_json(result if result is not None else {}, status)
+        result = result if result is not None else {}
+        self.write_json(result, status(result) if callable(status) else status)
 
 
 class WorkstationsApi(Api):
@@ -137,13 +139,16 @@ class WorkstationApi(Api):
             if action == "reset":
                 return await self.core.reset(caller, user, srv, body.get("confirm"))
             if action == "stop":
-                return await self.core.stop(caller, user, srv)
+                return await self.core.stop(caller, user, srv, body.get("wait", True))
             if action == "keepalive":
                 return await self.core.keepalive(caller, user, srv, body.get("minutes"))
             if action == "purge":
                 return await self.core.purge(caller, user, srv, body.get("confirm"))
             raise ServiceError(404, "No such endpoint.")
-        status = 202 if action in ("restore", "reset") else 201 if action == "snapshots" else 200
+        def status(result: dict) -> int:  # 202: under way in the background
+            if action in ("restore", "reset") or result.get("stopping"):
+                return 202
+            return 201 if action == "snapshots" else 200
         await self.run(work(), status)
 
     async def delete(self, user, server, action, name):
@@ -183,6 +188,25 @@ DONE = {"snapshot": "Snapshot taken.", "deleted": "Snapshot deleted.", "restore"
         "reset": "Reset started.", "stopped": "Stopped."}
 
 
+def _back_up(view: dict) -> bool:
+    """The operation the page follows is over and the hub says the server is up again."""
+    op = view.get("operation") or {}
+    return op.get("state") != "running" and view["hub"]["ready"] and bool(view["hub"]["url"])
+
+
+def _refresh(view: dict, follow: str) -> bool:
+    """Whether the page reloads itself: while an operation runs, and while what the visitor came
+    from the Lab to wait for (`follow`: the server back up, or the machine stopped) is under way."""
+    op = view.get("operation") or {}
+    if op.get("state") == "running":
+        return True
+    if follow == "lab":
+        return op.get("state") != "failed" and (view["hub"]["pending"] is not None or view["phase"] != "stopped")
+    if follow == "stop":
+        return view["hub"]["ready"] or view["hub"]["pending"] is not None or view["phase"] != "stopped"
+    return False
+
+
 class Page(Base):
     """The rescue page: the caller's workstations (an admin's: everyone's) and their actions, as
     plain forms, usable while a machine is stopped or does not boot."""
@@ -209,9 +233,12 @@ class Page(Base):
                 return self.render_page("index.html", caller=caller, workstations=items)
             ws = await self.core.existing(caller, user, server or "")
             view = await self.core.describe(ws)
+            follow = self.get_argument("follow", "")
+            if follow == "lab" and _back_up(view):
+                return self.redirect(view["hub"]["url"] + "lab")
             self.render_page("workstation.html", caller=caller, ws=view, snapshots=await self.core.snapshots(
                 caller, user, server or ""), events=self.core.start_events(ws), last_start=await self.core.last_start(ws),
-                message=DONE.get(self.get_argument("done", ""), ""))
+                message=DONE.get(self.get_argument("done", ""), ""), follow=follow, refresh=_refresh(view, follow))
         except ServiceError as err:
             self.set_status(err.status)
             self.render_page("error.html", status=err.status, message=err.message)
@@ -295,7 +322,7 @@ class ServiceApp(Application):
         return logging.INFO  # the audit lines are INFO
 
 
-async def serve(port: int, config_path: str | None = None):
+async def serve(port: int, config_path: str | None = None, ip: str = "127.0.0.1"):
     log = ServiceApp.instance().log
     path = config_path or os.environ.get(CONFIG_ENV)
     if not path:
@@ -305,8 +332,8 @@ async def serve(port: int, config_path: str | None = None):
     core = Workstations(hub, config=config, log=log)
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", f"/services/{SERVICE_NAME}/")
     app = make_app(core, prefix, os.environ.get("JUPYTERHUB_BASE_URL", "/").rstrip("/") + "/hub/")
-    app.listen(port, "127.0.0.1")
-    log.info("workstations service on 127.0.0.1:%d%s (hub config %s)", port, prefix, path)
+    app.listen(port, ip)
+    log.info("workstations service on %s:%d%s (hub config %s)", ip, port, prefix, path)
     background = [asyncio.ensure_future(core.report_keepalives()), asyncio.ensure_future(core.resume_interrupted())]
     try:
         await asyncio.Event().wait()

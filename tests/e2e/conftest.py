@@ -18,6 +18,9 @@ from kubevirt_spawner import demo
 from simtools import api_client, hub_kubeconfig, sim_api, start_sim
 
 E2E_SPEED = 20.0
+# The demo gives every machine a workspace disk; the hub tests that count a machine's disks use a
+# hub config without one (also a supported setup: /home on the system disk).
+ROOT_DISK_ONLY = 'c.KubeVirtSpawner.workspace_disk_size = ""\n'
 
 
 class Hub:
@@ -232,6 +235,6 @@ def cluster(e2e_sim):
 
 @pytest.fixture(scope="module")
 def hub(e2e_sim, tmp_path_factory):
-    h = Hub(tmp_path_factory.mktemp("hub"), e2e_sim).start()
+    h = Hub(tmp_path_factory.mktemp("hub"), e2e_sim, ROOT_DISK_ONLY).start()
     yield h
     h.close()

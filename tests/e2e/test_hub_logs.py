@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import Hub
+from conftest import ROOT_DISK_ONLY, Hub
 
 from simtools import apply, hub_rbac_objects, wait_for
 
@@ -21,7 +21,7 @@ HUB_LINE = re.compile(r"^\[[DIWEC] \d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+ JupyterHu
 
 @pytest.fixture(scope="module")
 def hub(e2e_sim, tmp_path_factory):
-    extra = ('c.KubeVirtSpawner.gpu_unavailable = "fail"\n'
+    extra = (ROOT_DISK_ONLY + 'c.KubeVirtSpawner.gpu_unavailable = "fail"\n'
              "c.KubeVirtSpawner.k8s_api_retry_timeout = 2\n")
     h = Hub(tmp_path_factory.mktemp("hub"), e2e_sim, extra).start()
     yield h

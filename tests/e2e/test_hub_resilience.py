@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import Hub
+from conftest import ROOT_DISK_ONLY, Hub
 
 from simtools import wait_for
 
@@ -11,7 +11,7 @@ from simtools import wait_for
 @pytest.fixture(scope="module")
 def hub(e2e_sim, tmp_path_factory):
     # A short poll interval so the hub notices a lost machine quickly.
-    h = Hub(tmp_path_factory.mktemp("hub"), e2e_sim, "c.KubeVirtSpawner.poll_interval = 1\n").start()
+    h = Hub(tmp_path_factory.mktemp("hub"), e2e_sim, ROOT_DISK_ONLY + "c.KubeVirtSpawner.poll_interval = 1\n").start()
     yield h
     h.close()
 

@@ -132,14 +132,18 @@ def test_snapshot_consistency_follows_the_guest_agent(hub, cluster, tokens):
     hub.start_server("bob")
     bob = Client(hub, tokens["bob"])
     wait_for(lambda: bob.ok("GET", "/workstations/bob")["disks"]["root"]["live"], 60, what="bob's guest agent")
+    # What a snapshot would be is said before one is taken (the Lab panel's snapshot form shows it).
+    assert bob.ok("GET", "/workstations/bob")["snapshot_consistency"] == "application-consistent"
     snap = bob.ok("POST", "/workstations/bob/snapshots", {"name": "with-agent", "note": "before CUDA"}, 201)
     assert snap["consistency"] == "application-consistent" and snap["ready"]
     cluster.sim_api("PUT", "/vmis/notebook-bob/bob-workstation/agent", {"connected": False})
     wait_for(lambda: not bob.ok("GET", "/workstations/bob")["disks"]["root"]["live"], 60, what="agent gone")
+    assert bob.ok("GET", "/workstations/bob")["snapshot_consistency"] == "crash-consistent"
     assert bob.ok("POST", "/workstations/bob/snapshots", {"name": "no-agent"}, 201)["consistency"] == \
         "crash-consistent"
     cluster.sim_api("PUT", "/vmis/notebook-bob/bob-workstation/agent", {"connected": True})
     hub.stop_server("bob")
+    assert bob.ok("GET", "/workstations/bob")["snapshot_consistency"] == "offline"
     assert bob.ok("POST", "/workstations/bob/snapshots", {}, 201)["consistency"] == "offline"
     taken = cluster.objects("snapshot.kubevirt.io", "v1beta1", "virtualmachinesnapshots", "notebook-bob")
     assert all(t["status"]["snapshotVolumes"]["includedVolumes"] == ["rootdisk", "workspace"] for t in taken)
@@ -340,6 +344,7 @@ BAD_INPUT = [
     ("owner", "POST", "/workstations/dave/snapshots", "not json", 400, "The request body is not JSON."),
     ("owner", "POST", "/workstations/dave/snapshots", ["a list"], 400, "The request body must be a JSON object."),
     ("owner", "POST", "/workstations/dave/explode", {}, 404, "No such endpoint."),
+    ("owner", "POST", "/workstations/dave/stop", {"wait": "no"}, 400, '"wait" must be true or false.'),
     ("admin", "POST", "/workstations/dave/purge", {"confirm": "dave"}, 409,
      "dave still has its workstation; only the disks of a deleted workstation are purged."),
 ]
@@ -375,7 +380,7 @@ def test_purge_waits_for_the_end_of_retention(hub, cluster, dave):
 
 
 def service_pids(hub: Hub) -> list[int]:
-    out = subprocess.run(["pgrep", "-f", f"kubevirt_spawner.cli service --port {hub.settings.service_port}"],
+    out = subprocess.run(["pgrep", "-f", f"kubevirt_spawner.cli service --ip 127.0.0.1 --port {hub.settings.service_port}"],
                          capture_output=True, text=True).stdout.split()
     return [int(pid) for pid in out]
 

@@ -1,0 +1,17 @@
+"""The guest server extension: runs inside every workstation (under jupyterhub-singleuser) and
+lets the JupyterLab "Workstation" panel call the hub-side workstations service with this
+server's own hub token.
+
+Enable it with ``c.ServerApp.jpserver_extensions = {"kubevirt_spawner.guest": True}``.
+It imports nothing else of kubevirt_spawner: the guest never carries the hub's code.
+"""
+
+from .proxy import setup_handlers
+
+
+def _jupyter_server_extension_points():
+    return [{"module": "kubevirt_spawner.guest"}]
+
+
+def _load_jupyter_server_extension(serverapp):
+    setup_handlers(serverapp)

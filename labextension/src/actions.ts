@@ -1,0 +1,223 @@
+// What the buttons and commands do: confirm, call the service, show its sentence on failure, and
+// for restore, reset and stop follow the operation until this page has to leave for the service's.
+import { Dialog, InputDialog, showDialog, showErrorMessage } from '@jupyterlab/apputils';
+
+import { api, IInfo, workstationName, WorkstationError } from './api';
+import { StepList, SnapshotForm, TypedConfirmation } from './dialogs';
+import { WorkstationModel } from './model';
+
+const TITLE = 'Workstation';
+
+async function failed(error: unknown): Promise<void> {
+  const sentence = error instanceof WorkstationError ? error.message : String(error);
+  await showErrorMessage(TITLE, sentence);
+}
+
+function ready(model: WorkstationModel): IInfo | null {
+  if (!model.info || !model.info.configured) {
+    void showErrorMessage(
+      TITLE,
+      model.error ?? 'This server was not started by a hub with the workstations service.'
+    );
+    return null;
+  }
+  return model.info;
+}
+
+async function pickSnapshot(model: WorkstationModel, title: string, readyOnly: boolean): Promise<string | undefined> {
+  const choices = model.snapshots.filter(s => s.ready || !readyOnly).map(s => s.name);
+  if (!choices.length) {
+    await showErrorMessage(TITLE, readyOnly ? 'There is no snapshot ready to restore.' : 'There are no snapshots.');
+    return undefined;
+  }
+  const picked = await InputDialog.getItem({ title, items: choices });
+  return picked.button.accept && picked.value ? picked.value : undefined;
+}
+
+export async function takeSnapshot(model: WorkstationModel): Promise<void> {
+  if (!ready(model)) {
+    return;
+  }
+  const result = await showDialog({
+    title: 'Take a snapshot',
+    body: new SnapshotForm(model.status?.snapshot_consistency ?? ''),
+    buttons: [Dialog.cancelButton(), Dialog.okButton({ label: 'Take snapshot' })],
+    focusNodeSelector: 'input'
+  });
+  if (!result.button.accept || !result.value) {
+    return;
+  }
+  try {
+    await api.takeSnapshot(result.value.name, result.value.note);
+  } catch (error) {
+    await failed(error);
+  }
+  await model.refresh();
+}
+
+/** Delete a snapshot: the one named, or one the user picks. */
+export async function deleteSnapshot(model: WorkstationModel, name?: string): Promise<void> {
+  if (!name) {
+    name = await pickSnapshot(model, 'Delete which snapshot?', false);
+    if (!name) {
+      return;
+    }
+  }
+  const result = await showDialog({
+    title: `Delete snapshot ${name}?`,
+    body: 'The snapshot is gone for good; the workstation is not changed.',
+    buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Delete' })]
+  });
+  if (!result.button.accept) {
+    return;
+  }
+  try {
+    await api.deleteSnapshot(name);
+  } catch (error) {
+    await failed(error);
+  }
+  await model.refresh();
+}
+
+/** Restore a snapshot: the one named, or one the user picks. */
+export async function restore(model: WorkstationModel, name?: string): Promise<void> {
+  const info = ready(model);
+  if (!info) {
+    return;
+  }
+  if (!name) {
+    name = await pickSnapshot(model, 'Restore which snapshot?', true);
+    if (!name) {
+      return;
+    }
+  }
+  const result = await showDialog({
+    title: `Restore snapshot ${name}?`,
+    body:
+      'The workstation will reboot: it stops, its disks are put back as they were in the snapshot, and it ' +
+      'starts again. Unsaved work in running kernels is lost. A snapshot of the current state is taken first.',
+    buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Restore and reboot' })]
+  });
+  if (!result.button.accept) {
+    return;
+  }
+  try {
+    await api.restore(name);
+  } catch (error) {
+    await failed(error);
+    return;
+  }
+  await follow(model, info, `Restoring ${name}. You will be taken back here when the workstation is up again.`);
+}
+
+export async function reset(model: WorkstationModel): Promise<void> {
+  const info = ready(model);
+  if (!info) {
+    return;
+  }
+  const expected = workstationName(info);
+  const image = model.status?.golden_image.configured ?? 'the golden image';
+  const workspace = model.status?.disks.workspace
+    ? 'The workspace disk (/home) is kept as it is.'
+    : 'This workstation has no workspace disk: /home is on the system disk and is replaced too.';
+  const result = await showDialog({
+    title: 'Reset the system?',
+    body: new TypedConfirmation(
+      [
+        `The system disk is replaced by a fresh copy of ${image}: everything installed or changed outside ` +
+          '/home (in /opt, /usr/local, /etc, system packages) is gone.',
+        workspace,
+        'A snapshot of the current state is taken first, so you can restore it. The workstation reboots; ' +
+          'unsaved work in running kernels is lost.'
+      ],
+      expected
+    ),
+    buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Reset system' })],
+    focusNodeSelector: 'input'
+  });
+  if (!result.button.accept) {
+    return;
+  }
+  if (result.value !== expected) {
+    await showErrorMessage(TITLE, `You typed "${result.value ?? ''}", not "${expected}": nothing was changed.`);
+    return;
+  }
+  try {
+    await api.reset(expected);
+  } catch (error) {
+    await failed(error);
+    return;
+  }
+  await follow(model, info, 'Resetting the system. You will be taken back here when the workstation is up again.');
+}
+
+export async function stop(model: WorkstationModel): Promise<void> {
+  const info = ready(model);
+  if (!info) {
+    return;
+  }
+  const result = await showDialog({
+    title: 'Stop the workstation?',
+    body:
+      'Its CPUs, memory and GPUs are released; all disks are kept, and the next start brings the same ' +
+      'machine back. Running kernels and programs end: unsaved work in them is lost.',
+    buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Stop workstation' })]
+  });
+  if (!result.button.accept) {
+    return;
+  }
+  try {
+    await api.stop();
+  } catch (error) {
+    await failed(error);
+    return;
+  }
+  const steps = new StepList('Stopping the workstation.');
+  steps.setSteps(['the Jupyter server ends', 'the machine shuts down', 'CPUs, memory and GPUs are released'], 1);
+  void new Dialog({ title: TITLE, body: steps, buttons: [] }).launch();
+  window.setTimeout(() => leave(info, 'stop'), 1500);
+}
+
+function leave(info: IInfo, follow: 'lab' | 'stop'): void {
+  window.location.assign(`${info.service_page}?follow=${follow}`);
+}
+
+/** Show the operation's steps while this page can, then go to the service's page, which follows
+ * it to the end and brings the user back into JupyterLab. */
+async function follow(model: WorkstationModel, info: IInfo, intro: string): Promise<void> {
+  const steps = new StepList(intro);
+  const dialog = new Dialog({
+    title: TITLE,
+    body: steps,
+    buttons: [Dialog.okButton({ label: 'Follow on the workstation page' })]
+  });
+  void dialog.launch().then(result => {
+    if (result.button.accept) {
+      leave(info, 'lab');
+    }
+  });
+  for (;;) {
+    let status;
+    try {
+      status = await api.status();
+    } catch (error) {
+      break; // this server is going away: the machine is stopping
+    }
+    const op = status.operation;
+    if (!op || op.state !== 'running') {
+      if (op?.state === 'failed') {
+        dialog.dispose();
+        await showErrorMessage(TITLE, `The ${op.kind} failed: ${op.error ?? 'see the workstation page'}`);
+        await model.refresh();
+        return;
+      }
+      break;
+    }
+    steps.setSteps(op.step_labels, op.step);
+    if (op.step_name !== 'snapshot') {
+      break; // from here on the machine stops
+    }
+    await new Promise(resolve => window.setTimeout(resolve, 1000));
+  }
+  leave(info, 'lab');
+}

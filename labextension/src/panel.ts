@@ -1,0 +1,161 @@
+// The left-sidebar panel: the machine, its disks, its snapshots and the actions on it.
+import { Widget } from '@lumino/widgets';
+
+import * as actions from './actions';
+import { IDisk, IStatus } from './api';
+import { h } from './dom';
+import { formatBytes, timeLeft, WorkstationModel } from './model';
+
+export class WorkstationPanel extends Widget {
+  constructor(readonly model: WorkstationModel) {
+    super();
+    this.id = 'kubevirt-workstation';
+    this.addClass('kvs-panel');
+    this.title.caption = 'Workstation';
+    model.changed.connect(this.render, this);
+    this.render();
+  }
+
+  render(): void {
+    const { status, info, error } = this.model;
+    const body: (HTMLElement | null)[] = [h('h2', { class: 'kvs-title' }, 'Workstation')];
+    if (error) {
+      body.push(h('div', { class: 'kvs-alert kvs-error', role: 'alert' }, error));
+    }
+    if (info && !info.configured) {
+      body.push(h('p', {}, 'This server was not started by a hub with the workstations service.'));
+    }
+    if (status) {
+      body.push(this.operation(status), this.summary(status), this.disks(status), this.buttons(), this.snapshotList());
+    } else if (!error) {
+      body.push(h('p', { class: 'kvs-hint' }, 'Loading…'));
+    }
+    this.node.replaceChildren(...body.filter((e): e is HTMLElement => e !== null));
+  }
+
+  private operation(status: IStatus): HTMLElement | null {
+    const op = status.operation;
+    if (!op || op.state === 'done') {
+      return null;
+    }
+    const text = op.state === 'failed' ? `The ${op.kind} failed: ${op.error}` : `The workstation is ${op.description}.`;
+    return h('div', { class: `kvs-alert ${op.state === 'failed' ? 'kvs-error' : 'kvs-warn'}`, role: 'status' }, text);
+  }
+
+  private summary(status: IStatus): HTMLElement {
+    const row = (label: string, value: string | HTMLElement) => [h('dt', {}, label), h('dd', {}, value)];
+    const image = h('span', {}, status.golden_image.cloned_from ?? 'unknown');
+    if (status.golden_image.newer_available) {
+      image.append(
+        h('span', { class: 'kvs-notice' }, `A newer system image is available (${status.golden_image.configured}); a reset installs it.`)
+      );
+    }
+    const idle = status.idle
+      ? row('Idle stop', `${timeLeft(status.idle.deadline)} without activity`)
+      : [];
+    return h(
+      'dl',
+      { class: 'kvs-summary' },
+      ...row('Profile', `${status.profile.slug || 'default'}${status.profile.version ? ` (version ${status.profile.version})` : ''}`),
+      ...row('CPUs', String(status.cpu ?? '?')),
+      ...row('Memory', String(status.memory ?? '?')),
+      ...row('GPUs', status.gpus.length ? status.gpus.join(', ') : 'none'),
+      ...row('Node', status.node ?? '–'),
+      ...row('System image', image),
+      ...idle
+    );
+  }
+
+  private disks(status: IStatus): HTMLElement {
+    const bar = (label: string, disk: IDisk | null) => {
+      if (!disk) {
+        return null;
+      }
+      const percent = disk.percent ?? 0;
+      const used =
+        disk.percent === null
+          ? `${disk.size ?? '?'} (usage not known yet)`
+          : `${formatBytes(disk.used_bytes)} of ${formatBytes(disk.total_bytes)} used (${disk.percent} %)${disk.live ? '' : ', last known'}`;
+      return h(
+        'div',
+        { class: `kvs-disk kvs-level-${disk.level ?? 'unknown'}`, 'data-disk': label },
+        h('div', { class: 'kvs-disk-label' }, `${label === 'root' ? 'System disk' : 'Workspace disk'} · ${disk.size ?? ''}`),
+        h(
+          'div',
+          {
+            class: 'kvs-bar',
+            role: 'progressbar',
+            'aria-valuemin': '0',
+            'aria-valuemax': '100',
+            'aria-valuenow': String(percent),
+            'aria-label': `${label} disk usage`
+          },
+          h('div', { class: 'kvs-bar-fill', style: `width: ${Math.min(100, percent)}%` })
+        ),
+        h('div', { class: 'kvs-hint' }, used)
+      );
+    };
+    return h('section', { class: 'kvs-disks' }, bar('root', status.disks.root), bar('workspace', status.disks.workspace));
+  }
+
+  private buttons(): HTMLElement {
+    const button = (label: string, cls: string, run: () => Promise<void>) =>
+      h('button', { class: `jp-Button kvs-button ${cls}`, type: 'button', onclick: () => void run() }, label);
+    return h(
+      'div',
+      { class: 'kvs-actions' },
+      button('Take snapshot', 'kvs-take-snapshot', () => actions.takeSnapshot(this.model)),
+      button('Reset system', 'kvs-reset kvs-danger', () => actions.reset(this.model)),
+      button('Stop workstation', 'kvs-stop', () => actions.stop(this.model))
+    );
+  }
+
+  private snapshotList(): HTMLElement {
+    const newestFirst = [...this.model.snapshots].sort((a, b) => (b.created ?? '9').localeCompare(a.created ?? '9'));
+    const rows = newestFirst.map(s =>
+      h(
+        'li',
+        { class: 'kvs-snapshot', 'data-name': s.name, 'data-ready': String(s.ready) },
+        h('div', { class: 'kvs-snapshot-name' }, s.name),
+        s.note ? h('div', { class: 'kvs-snapshot-note' }, s.note) : null,
+        h(
+          'div',
+          { class: 'kvs-hint' },
+          `${s.created ? new Date(s.created).toLocaleString() : 'being taken'} · ${s.consistency ?? '…'} · `,
+          h('span', { class: 'kvs-snapshot-state' }, s.ready ? 'ready' : s.error ? `failed: ${s.error}` : 'not ready yet')
+        ),
+        h(
+          'div',
+          { class: 'kvs-snapshot-actions' },
+          h(
+            'button',
+            {
+              class: 'jp-Button kvs-button kvs-restore',
+              type: 'button',
+              disabled: !s.ready,
+              'aria-label': `Restore snapshot ${s.name}`,
+              onclick: () => void actions.restore(this.model, s.name)
+            },
+            'Restore'
+          ),
+          h(
+            'button',
+            {
+              class: 'jp-Button kvs-button kvs-delete',
+              type: 'button',
+              'aria-label': `Delete snapshot ${s.name}`,
+              onclick: () => void actions.deleteSnapshot(this.model, s.name)
+            },
+            'Delete'
+          )
+        )
+      )
+    );
+    return h(
+      'section',
+      { class: 'kvs-snapshots' },
+      h('h3', {}, 'Snapshots'),
+      rows.length ? h('ul', {}, ...rows) : h('p', { class: 'kvs-hint' }, 'No snapshots yet.')
+    );
+  }
+}

@@ -1,0 +1,388 @@
+"""The guest server extension (kubevirt_spawner.guest) in a real jupyter-server process, in front of
+a fake workstations service that records what it is sent."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import requests
+
+CHECKOUT = Path(__file__).resolve().parents[1]
+JUPYTER_SERVER = os.path.join(os.path.dirname(sys.executable), "jupyter-server")
+BROWSER_TOKEN = "browser-token-for-this-jupyter-server"  # what the browser (the panel) authenticates with
+SERVER_TOKEN = "the-servers-own-hub-token"  # JUPYTERHUB_API_TOKEN: what the service must see
+BASE_URL = "/user/alice/gpu/"  # as under JupyterHub
+SERVICE_PREFIX = "/services/workstations/"
+WORKSTATION = SERVICE_PREFIX + "api/v1/workstations/alice/servers/gpu"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Call:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass
+class FakeService:
+    """The workstations service: records each call and answers `status`/`body`/`content_type`
+    (and `headers`), after `delay` seconds."""
+
+    port: int = 0
+    calls: list[Call] = field(default_factory=list)
+    status: int = 200
+    body: bytes = b"{}"
+    content_type: str = "application/json"
+    delay: float = 0.0
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def answer(self, status: int, data, content_type: str = "application/json", delay: float = 0.0,
+               headers: dict[str, str] | None = None) -> None:
+        self.status, self.content_type, self.delay, self.headers = status, content_type, delay, headers or {}
+        self.body = data if isinstance(data, bytes) else json.dumps(data).encode()
+
+    def reset(self) -> None:
+        self.calls.clear()
+        self.answer(200, {})
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}{SERVICE_PREFIX}"
+
+
+def start_fake_service() -> tuple[FakeService, ThreadingHTTPServer]:
+    fake = FakeService()
+
+    class Handler(BaseHTTPRequestHandler):
+        def handle_call(self):
+            length = int(self.headers.get("Content-Length") or 0)
+            fake.calls.append(Call(self.command, self.path, dict(self.headers), self.rfile.read(length)))
+            status, body, content_type, headers = fake.status, fake.body, fake.content_type, fake.headers
+            time.sleep(fake.delay)
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            except OSError:
+                pass  # the guest gave up waiting (the timeout test)
+
+        do_GET = do_POST = do_DELETE = handle_call
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
+    fake.port = httpd.server_address[1]
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return fake, httpd
+
+
+class Server:
+    """A jupyter-server with the guest extension, started as the spawner starts one in a workstation."""
+
+    def __init__(self, tmp: Path, env: dict[str, str], args: tuple[str, ...] = (), base_url: str = "/",
+                 wait: bool = True):
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}{base_url}"
+        self.log_path = tmp / "server.log"
+        clean = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "KUBEVIRT_"))}
+        # The checkout first: the extension under test is this one, whatever is installed.
+        pythonpath = os.pathsep.join(p for p in (str(CHECKOUT), os.environ.get("PYTHONPATH")) if p)
+        clean.update(HOME=str(tmp), JUPYTER_CONFIG_DIR=str(tmp / "config"), JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
+                     JUPYTER_DATA_DIR=str(tmp / "data"), PYTHONPATH=pythonpath, **env)
+        cmd = [JUPYTER_SERVER, "--ServerApp.jpserver_extensions={'kubevirt_spawner.guest': True}",
+               f"--IdentityProvider.token={BROWSER_TOKEN}", "--ServerApp.open_browser=False",
+               f"--ServerApp.root_dir={tmp}", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}",
+               "--ServerApp.port_retries=0", f"--ServerApp.base_url={base_url}", *args]
+        if os.geteuid() == 0:
+            cmd.append("--allow-root")
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(cmd, env=clean, stdout=log, stderr=subprocess.STDOUT, cwd=tmp)
+        if wait:
+            try:
+                self.wait_ready()
+            except BaseException:
+                self.stop()
+                raise
+
+    def wait_ready(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"jupyter-server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if self.request("GET", "api/status").status_code == 200:
+                    return
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.1)
+        pytest.fail(f"jupyter-server did not answer in {timeout} s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def request(self, method: str, path: str, *, token: str | None = BROWSER_TOKEN, **kwargs) -> requests.Response:
+        headers = kwargs.pop("headers", {})
+        if token:
+            headers["Authorization"] = f"token {token}"
+        return requests.request(method, self.base + path, headers=headers, timeout=30, **kwargs)
+
+    def last_activity(self) -> datetime:
+        """The server's last activity, as JupyterHub's activity reports and the culler see it
+        (/api/status itself does not count)."""
+        status = self.request("GET", "api/status?no_track_activity=1")
+        assert status.status_code == 200
+        return datetime.fromisoformat(status.json()["last_activity"])
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def fake_service():
+    fake, httpd = start_fake_service()
+    yield fake
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.fixture
+def fake(fake_service):
+    fake_service.reset()
+    return fake_service
+
+
+def hub_env(service_url: str, server_name: str = "gpu", **extra: str) -> dict[str, str]:
+    env = dict(JUPYTERHUB_USER="alice", JUPYTERHUB_SERVER_NAME=server_name, JUPYTERHUB_API_TOKEN=SERVER_TOKEN,
+               JUPYTERHUB_BASE_URL="/", KUBEVIRT_WORKSTATIONS_URL=service_url)
+    return {**env, **extra}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, fake_service):
+    """alice's server `gpu`; a 1 s timeout, set as a jupyter_server config option."""
+    s = Server(tmp_path_factory.mktemp("guest"), hub_env(fake_service.url),
+               ("--WorkstationGuest.request_timeout=1",), base_url=BASE_URL)
+    yield s
+    s.stop()
+
+
+def test_the_service_sees_the_servers_own_token_not_the_browsers(server, fake):
+    """The call to the service carries this server's hub token (JUPYTERHUB_API_TOKEN); the browser's
+    Authorization header and cookies stay in the guest."""
+    fake.answer(200, {"name": "alice/gpu", "phase": "Running"})
+    r = server.request("GET", "workstation/api/status", headers={"Cookie": "hub-session=secret"})
+    assert r.status_code == 200
+    assert r.json() == {"name": "alice/gpu", "phase": "Running"}
+    [call] = fake.calls
+    assert call.headers["Authorization"] == f"token {SERVER_TOKEN}"
+    assert BROWSER_TOKEN not in json.dumps(call.headers)
+    assert "Cookie" not in call.headers
+    assert SERVER_TOKEN not in server.log()
+
+
+@pytest.mark.parametrize(("method", "path", "body", "service_path"), [
+    ("GET", "status", None, ""),
+    ("GET", "status?no_track_activity=1", None, ""),
+    ("GET", "snapshots", None, "/snapshots"),
+    ("POST", "snapshots", {"name": "before-upgrade", "note": "CUDA 12"}, "/snapshots"),
+    ("DELETE", "snapshots/before-upgrade", None, "/snapshots/before-upgrade"),
+    ("DELETE", "snapshots/a%20b", None, "/snapshots/a%20b"),
+    ("POST", "restore", {"snapshot": "before-upgrade", "confirm": "alice"}, "/restore"),
+    ("POST", "reset", {"confirm": "alice"}, "/reset"),
+    ("POST", "stop", {}, "/stop"),
+    ("POST", "keepalive", {"minutes": 60}, "/keepalive"),
+])
+def test_path_mapping(server, fake, method, path, body, service_path):
+    """Each panel route reaches the service's endpoint of alice's server `gpu` with the same method
+    and JSON body, names quoted again, and without the query string (it is for this server only)."""
+    r = server.request(method, "workstation/api/" + path, json=body)
+    assert r.status_code == 200, r.text
+    [call] = fake.calls
+    assert (call.method, call.path) == (method, WORKSTATION + service_path)
+    if method == "POST":
+        assert json.loads(call.body) == body
+        assert call.headers["Content-Type"] == "application/json"
+
+
+@pytest.mark.parametrize("method", ["GET", "POST", "DELETE"])
+@pytest.mark.parametrize("path", ["purge", "status/x", "snapshots/a/b", "snapshots/..", "", "workstations"])
+def test_unknown_action_is_404_and_not_forwarded(server, fake, method, path):
+    """Only the panel's actions are forwarded: purge (admin-only) and any other path is 404 JSON here."""
+    r = server.request(method, "workstation/api/" + path, json={} if method == "POST" else None)
+    assert r.status_code == 404
+    assert r.json()["error"]
+    assert fake.calls == []
+
+
+def test_service_errors_pass_through(server, fake):
+    """The service's status and sentence come back unchanged."""
+    error = {"error": "The workstation is restoring; wait until it is done."}
+    fake.answer(409, error)
+    r = server.request("POST", "workstation/api/snapshots", json={})
+    assert (r.status_code, r.json()) == (409, error)
+    fake.answer(202, {"operation": "restore"})
+    r = server.request("POST", "workstation/api/restore", json={"snapshot": "s1", "confirm": "alice"})
+    assert (r.status_code, r.json()) == (202, {"operation": "restore"})
+
+
+def test_non_json_answer_is_502(server, fake):
+    """An answer that is not JSON (e.g. a proxy's or login page) is a 502 with a sentence."""
+    fake.answer(200, b"<html>Sign in</html>", content_type="text/html")
+    r = server.request("GET", "workstation/api/status")
+    assert r.status_code == 502
+    assert r.json() == {"error": "The workstations service answered 200 without JSON; ask your hub admin."}
+
+
+def test_redirect_is_not_followed(server, fake):
+    """A redirect is not followed (it would carry the token elsewhere); it is not JSON: 502."""
+    fake.answer(302, b"", content_type="text/html", headers={"Location": f"http://127.0.0.1:{fake.port}/elsewhere"})
+    r = server.request("GET", "workstation/api/status")
+    assert r.status_code == 502
+    assert [c.path for c in fake.calls] == [WORKSTATION]
+
+
+def test_slow_service_is_503_after_the_configured_timeout(server, fake):
+    """c.WorkstationGuest.request_timeout applies: a service slower than it is a 503 with the reason."""
+    fake.answer(200, {}, delay=2.5)
+    start = time.monotonic()
+    r = server.request("GET", "workstation/api/status")
+    assert time.monotonic() - start < 2.5
+    assert r.status_code == 503
+    assert r.json()["error"].startswith("The workstations service does not answer (timeout")
+    assert "does not answer" in server.log()
+
+
+def test_info_is_answered_locally(server, fake):
+    """info says who this server is and where its rescue page is, without calling the service."""
+    r = server.request("GET", "workstation/api/info")
+    assert r.status_code == 200
+    assert r.json() == {"user": "alice", "server": "gpu", "configured": True,
+                        "service_page": "/services/workstations/workstation/alice/servers/gpu"}
+    assert fake.calls == []
+
+
+@pytest.mark.parametrize(("method", "path"), [("GET", "status"), ("GET", "info"), ("POST", "snapshots"),
+                                              ("DELETE", "snapshots/s1")])
+def test_unauthenticated_request_is_refused(server, fake, method, path):
+    """Without Jupyter's token or login cookie: 403, nothing forwarded."""
+    r = server.request(method, "workstation/api/" + path, token=None)
+    assert r.status_code in (401, 403)
+    assert fake.calls == []
+
+
+def test_xsrf_is_checked_for_cookie_sessions(server, fake):
+    """A browser session (login cookie) must send the XSRF token with a POST, as JupyterLab does."""
+    session = requests.Session()
+    assert session.get(server.base + "api/status", headers={"Authorization": f"token {BROWSER_TOKEN}"}).ok
+    assert session.cookies, "the token request set a login cookie"
+    r = session.post(server.base + "workstation/api/snapshots", json={})
+    assert r.status_code == 403
+    assert fake.calls == []
+    session.cookies.set("_xsrf", "panel-xsrf")
+    r = session.post(server.base + "workstation/api/snapshots", json={}, headers={"X-XSRFToken": "panel-xsrf"})
+    assert r.status_code == 200
+    assert len(fake.calls) == 1
+
+
+def test_polls_are_not_activity_actions_are(server, fake):
+    """GET polls (with or without ?no_track_activity=1) leave the server's last_activity alone, so an
+    idle server with the panel open can be culled; a POST (taking a snapshot) is the user's activity."""
+    before = server.last_activity()
+    time.sleep(0.05)
+    for path in ("status", "status?no_track_activity=1", "snapshots", "info"):
+        assert server.request("GET", "workstation/api/" + path).status_code == 200
+    assert server.last_activity() == before
+    time.sleep(0.05)
+    assert server.request("POST", "workstation/api/snapshots", json={"name": "s1"}).status_code == 200
+    assert server.last_activity() > before
+
+
+@pytest.fixture(scope="module")
+def other_servers(tmp_path_factory, fake_service):
+    """Servers set up otherwise, started together (each takes seconds to start):
+    default: alice@example.org's default server, under a hub at /jhub/;
+    down: nothing listens at its service URL; unconfigured: not started by a hub."""
+    # Bound but not listening: connections are refused, and no process started later gets the port.
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    envs = {
+        "default": hub_env(fake_service.url, server_name="", JUPYTERHUB_USER="alice@example.org",
+                           JUPYTERHUB_BASE_URL="/jhub/"),
+        "down": hub_env(f"http://127.0.0.1:{closed.getsockname()[1]}{SERVICE_PREFIX}"),
+        "unconfigured": {},
+    }
+    servers = {name: Server(tmp_path_factory.mktemp(name), env, wait=False) for name, env in envs.items()}
+    try:
+        for s in servers.values():
+            s.wait_ready()
+        yield servers
+    finally:
+        for s in servers.values():
+            s.proc.terminate()  # all at once: each takes a second to shut down
+        for s in servers.values():
+            s.stop()
+        closed.close()
+
+
+def test_default_server(other_servers, fake):
+    """The default server (JUPYTERHUB_SERVER_NAME empty) is the workstation `<user>` without
+    /servers/; the user name is quoted; the rescue page is under the hub's base URL."""
+    s = other_servers["default"]
+    assert s.request("GET", "workstation/api/info").json() == {
+        "user": "alice@example.org", "server": "", "configured": True,
+        "service_page": "/jhub/services/workstations/workstation/alice%40example.org"}
+    assert s.request("GET", "workstation/api/status").status_code == 200
+    assert s.request("DELETE", "workstation/api/snapshots/s1").status_code == 200
+    workstation = SERVICE_PREFIX + "api/v1/workstations/alice%40example.org"
+    assert [(c.method, c.path) for c in fake.calls] == [("GET", workstation), ("DELETE", workstation + "/snapshots/s1")]
+
+
+def test_service_down_is_503(other_servers):
+    """Nothing listening at the service's address: 503 with a sentence, logged without the token."""
+    s = other_servers["down"]
+    r = s.request("POST", "workstation/api/stop", json={})
+    log = s.log()
+    assert r.status_code == 503
+    assert r.json() == {"error": "The workstations service does not answer (connection refused); "
+                                 "try again in a minute, or ask your hub admin."}
+    assert "does not answer: connection refused" in log
+    assert SERVER_TOKEN not in log
+
+
+def test_not_configured_is_503(other_servers):
+    """A server not started by a hub with the service (no URL, user, token): info says so, the rest is 503."""
+    s = other_servers["unconfigured"]
+    info = s.request("GET", "workstation/api/info").json()
+    r = s.request("GET", "workstation/api/status")
+    assert info["configured"] is False
+    assert r.status_code == 503
+    assert "not started by a JupyterHub with the workstations service" in r.json()["error"]
