@@ -234,7 +234,7 @@ def test_path_mapping(server, fake, method, path, body, service_path):
 
 
 @pytest.mark.parametrize("method", ["GET", "POST", "DELETE"])
-@pytest.mark.parametrize("path", ["purge", "status/x", "snapshots/a/b", "snapshots/..", "", "workstations"])
+@pytest.mark.parametrize("path", ["purge", "status/x", "snapshots/a/b", "restore/x", "stop/now", "snapshots/..", "", "workstations"])
 def test_unknown_action_is_404_and_not_forwarded(server, fake, method, path):
     """Only the panel's actions are forwarded: purge (admin-only) and any other path is 404 JSON here."""
     r = server.request(method, "workstation/api/" + path, json={} if method == "POST" else None)

@@ -3,6 +3,7 @@ the package is installed; the TypeScript is built from source, never committed a
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -11,6 +12,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+import kubevirt_spawner
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -27,7 +30,9 @@ def jupyter(*args: str) -> str:
 
 def test_both_extensions_are_enabled_where_the_package_is_installed():
     labextensions = jupyter("labextension", "list")
-    assert f"{LABEXTENSION} v0.1.0 enabled OK (python, kubevirt-spawner)" in labextensions, labextensions
+    version = json.loads((ROOT / "labextension" / "package.json").read_text())["version"]
+    assert version == kubevirt_spawner.__version__  # one version for both halves
+    assert f"{LABEXTENSION} v{version} enabled OK (python, kubevirt-spawner)" in labextensions, labextensions
     server = jupyter("server", "extension", "list")
     assert "kubevirt_spawner.guest enabled" in server and "kubevirt_spawner.guest OK" in server, server
 

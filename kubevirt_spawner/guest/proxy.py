@@ -102,7 +102,8 @@ def service_path(rest: str) -> str | None:
     parts = rest.removesuffix("/").split("/")
     if parts == ["status"]:
         return ""
-    if parts[0] in ACTIONS and len(parts) <= 2 and parts[-1] not in ("", ".", ".."):
+    named = len(parts) == 2 and parts[0] == "snapshots"  # only a snapshot is named below its action
+    if parts[0] in ACTIONS and (len(parts) == 1 or named) and parts[-1] not in ("", ".", ".."):
         return "".join("/" + quote(part, safe="") for part in parts)
     return None
 

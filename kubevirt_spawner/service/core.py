@@ -42,6 +42,13 @@ class ServiceError(Exception):
 class Caller:
     name: str
     admin: bool
+    # A server's own token: the workstations ("user/server") it may act on; None: all of the user's.
+    servers: frozenset[str] | None = None
+
+    def may_act_on(self, user: str, server: str) -> bool:
+        if self.admin:
+            return True
+        return self.name == user and (self.servers is None or f"{user}/{server}" in self.servers)
 
 
 def _now() -> datetime:
@@ -113,16 +120,18 @@ class Workstations(LoggingConfigurable):
 
     async def existing(self, caller: Caller, user: str, server: str) -> Workstation:
         """The workstation the caller names, if they may act on it and it exists."""
-        self.authorize(caller, user)
+        self.authorize(caller, user, server)
         ws = await self.workstation(user, server)
         if ws.vm is None:
             which = f"named {server}" if server else ""
             raise ServiceError(404, f"{user} has no workstation {which}".rstrip() + ".")
         return ws
 
-    def authorize(self, caller: Caller, user: str):
+    def authorize(self, caller: Caller, user: str, server: str | None = None):
         if caller.name != user and not caller.admin:
             raise ServiceError(403, "You may only act on your own workstations.")
+        if server is not None and not caller.may_act_on(user, server):
+            raise ServiceError(403, "This is a server's token: it acts on that server's workstation only.")
 
     def _caches(self):
         return self.spawner("-", "")._shared()["caches"]
@@ -144,7 +153,7 @@ class Workstations(LoggingConfigurable):
             user = caller.name
         out = []
         for owner, server in self.all_workstations():
-            if user is None or owner == user:
+            if (user is None or owner == user) and caller.may_act_on(owner, server):
                 out.append(await self.describe(await self.workstation(owner, server)))
         return out
 
@@ -184,16 +193,15 @@ class Workstations(LoggingConfigurable):
         }
 
     def _idle(self, server: dict | None, keepalive: datetime | None) -> dict | None:
-        """When the idle culler would stop the running server: its last activity plus the timeout,
-        or the end of a keep-alive when that is later. None without idle stops or a running server."""
+        """When the idle culler would stop the running server: the timeout after its last activity,
+        or after the end of a keep-alive. None without idle stops or a running server."""
         if not self.idle_timeout or not server or not server.get("ready"):
             return None
         last = _parse_time(server.get("last_activity"))
         if last is None:
             return None
-        deadline = last + timedelta(seconds=self.idle_timeout)
-        if keepalive and keepalive > deadline:
-            deadline = keepalive
+        # a keep-alive reports activity until it ends: the timeout runs from then
+        deadline = max(last, keepalive or last) + timedelta(seconds=self.idle_timeout)
         return {"timeout_seconds": self.idle_timeout, "last_activity": _iso(last), "deadline": _iso(deadline)}
 
     async def _hub_server(self, user: str, server: str) -> dict | None:
@@ -330,6 +338,9 @@ class Workstations(LoggingConfigurable):
         op = Operation.from_vm(ws.vm)
         if op is not None and op.state == "running":
             raise ServiceError(409, f"The workstation is {op.describe()}; wait until it is done.")
+        task = self._tasks.get((ws.ident.user, ws.ident.server))
+        if task is not None and not task.done():
+            raise ServiceError(409, "The workstation is busy (stopping); wait until it is done.")
 
     def operations(self, ws: Workstation) -> Operations:
         return Operations(ws, HubServer(self.hub, ws.ident.user, ws.ident.server, ws.settings.stop_timeout + 60),
@@ -365,7 +376,8 @@ class Workstations(LoggingConfigurable):
             running = self._tasks.get(key)
             if running is not None and not running.done():
                 op = ops.operation
-                raise ServiceError(409, f"The workstation is {op.describe() if op else 'busy'}; wait until it is done.")
+                raise ServiceError(409, f"The workstation is {op.describe() if op else 'busy (stopping)'}; "
+                                        "wait until it is done.")
             try:
                 op = await begin(ops)
             except WorkstationError as err:
@@ -422,18 +434,31 @@ class Workstations(LoggingConfigurable):
         if not isinstance(wait, bool):
             raise ServiceError(400, '"wait" must be true or false.')
         ws = await self.existing(caller, user, server)
-        async with self._lock(user, server):
+        key = (user, server)
+        async with self._lock(*key):
             self._refuse_during_operation(ws)
             if not await self.hub.running(user, server) and ws.stopped:
                 return {"stopped": True, "changed": False}
-            self._keepalives.pop((user, server), None)
-            stopping = self._audited(caller, "stop", ws, self.hub.stop(user, server, ws.settings.stop_timeout + 60))
             if wait:
-                await stopping
+                await self._stop(caller, ws)
                 return {"stopped": True, "changed": True}
-        task = asyncio.ensure_future(stopping)
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # failures are audited and logged
+            # Marked busy before the lock is let go: a restore or reset asked meanwhile is refused.
+            self._tasks[key] = asyncio.ensure_future(self._stop_in_background(caller, ws))
         return {"stopped": False, "stopping": True, "changed": True}
+
+    async def _stop(self, caller: Caller, ws: Workstation):
+        user, server = ws.ident.user, ws.ident.server
+        await self._audited(caller, "stop", ws, self.hub.stop(user, server, ws.settings.stop_timeout + 60))
+        self._keepalives.pop((user, server), None)
+
+    async def _stop_in_background(self, caller: Caller, ws: Workstation):
+        try:
+            await self._stop(caller, ws)
+        except ServiceError as err:  # audited
+            self.log.warning("stop of %s failed: %s", workstation_path(ws.ident.user, ws.ident.server), err.message)
+        except Exception:
+            self._audit(caller, "stop", ws, "failed (see the traceback)")
+            self.log.exception("stop of %s failed", workstation_path(ws.ident.user, ws.ident.server))
 
     async def keepalive(self, caller: Caller, user: str, server: str, minutes) -> dict:
         ws = await self.existing(caller, user, server)

@@ -58,7 +58,7 @@ class Base(HubOAuthenticated, web.RequestHandler):
         admin = bool(model.get("admin")) and (not by_token or "admin:servers" in scopes)
         if model.get("kind") == "service":
             return Caller(f"service:{model['name']}", "admin:servers" in scopes)
-        return Caller(model["name"], admin)
+        return Caller(model["name"], admin, _own_servers(model["name"], scopes) if by_token else None)
 
     def body(self) -> dict:
         if not self.request.body:
@@ -70,6 +70,14 @@ class Base(HubOAuthenticated, web.RequestHandler):
         if not isinstance(data, dict):
             raise ServiceError(400, "The request body must be a JSON object.")
         return data
+
+
+def _own_servers(user: str, scopes: set[str]) -> frozenset[str] | None:
+    """The servers ("user/server") a server's own token stands for (JupyterHub gives it access to
+    that one server only); None for a token with access to all the user's servers."""
+    broad = {"access:servers", f"access:servers!user={user}", "servers", f"servers!user={user}", "admin:servers"}
+    own = {scope.split("=", 1)[1] for scope in scopes if scope.startswith("access:servers!server=")}
+    return frozenset(own) if own and not broad & scopes else None
 
 
 class Api(Base):
@@ -189,21 +197,25 @@ DONE = {"snapshot": "Snapshot taken.", "deleted": "Snapshot deleted.", "restore"
 
 
 def _back_up(view: dict) -> bool:
-    """The operation the page follows is over and the hub says the server is up again."""
-    op = view.get("operation") or {}
-    return op.get("state") != "running" and view["hub"]["ready"] and bool(view["hub"]["url"])
+    """The operation the page follows went well and the hub says the server is up again (after a
+    failure the page stays, with the failure's sentence)."""
+    state = (view.get("operation") or {}).get("state")
+    return state not in ("running", "failed") and view["hub"]["ready"] and bool(view["hub"]["url"])
 
 
 def _refresh(view: dict, follow: str) -> bool:
     """Whether the page reloads itself: while an operation runs, and while what the visitor came
-    from the Lab to wait for (`follow`: the server back up, or the machine stopped) is under way."""
+    from the Lab to wait for (`follow`: the server back up, or the machine stopped) is under way
+    as the hub sees it."""
     op = view.get("operation") or {}
     if op.get("state") == "running":
         return True
+    if op.get("state") == "failed" or view["phase"] in ("failed", "lost"):
+        return False
     if follow == "lab":
-        return op.get("state") != "failed" and (view["hub"]["pending"] is not None or view["phase"] != "stopped")
+        return view["hub"]["pending"] is not None
     if follow == "stop":
-        return view["hub"]["ready"] or view["hub"]["pending"] is not None or view["phase"] != "stopped"
+        return view["hub"]["pending"] is not None or view["hub"]["ready"]
     return False
 
 

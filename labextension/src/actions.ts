@@ -191,11 +191,14 @@ async function follow(model: WorkstationModel, info: IInfo, intro: string): Prom
     body: steps,
     buttons: [Dialog.okButton({ label: 'Follow on the workstation page' })]
   });
-  void dialog.launch().then(result => {
-    if (result.button.accept) {
-      leave(info, 'lab');
-    }
-  });
+  dialog
+    .launch()
+    .then(result => {
+      if (result.button.accept) {
+        leave(info, 'lab');
+      }
+    })
+    .catch(() => undefined); // disposed: the operation failed, which is shown instead
   for (;;) {
     let status;
     try {

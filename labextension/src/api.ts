@@ -114,8 +114,7 @@ export const api = {
     call<{ deleted: string }>(`snapshots/${encodeURIComponent(name)}`, { method: 'DELETE' }),
   restore: (snapshot: string) => post<unknown>('restore', { snapshot, confirm: true }),
   reset: (confirm: string) => post<unknown>('reset', { confirm }),
-  stop: () => post<unknown>('stop', { wait: false }),
-  keepalive: (minutes: number) => post<unknown>('keepalive', { minutes })
+  stop: () => post<unknown>('stop', { wait: false })
 };
 
 /** The name a reset is confirmed with: user, or user/server. */

@@ -110,7 +110,6 @@ const plugin: JupyterFrontEndPlugin<void> = {
         isActive: () => true
       });
     }
-    void model.refresh();
   }
 };
 

@@ -28,7 +28,7 @@ export class WorkstationModel {
 
   /** Refresh now (after an action); the poll goes on, faster while something is under way. */
   refresh(): Promise<void> {
-    return this._refresh();
+    return this._poll.refresh();
   }
 
   dispose(): void {
@@ -48,10 +48,13 @@ export class WorkstationModel {
       this.error = null;
     } catch (error) {
       this.error = error instanceof WorkstationError ? error.message : String(error);
+      this._changed.emit();
+      throw error; // the poll backs off while the service or this server does not answer
     }
     this._changed.emit();
     const busy =
       this.snapshots.some(s => !s.ready && !s.error) || this.status?.operation?.state === 'running';
+    // (read when the poll schedules its next tick, right after this one)
     this._poll.frequency = { ...this._poll.frequency, interval: busy ? BUSY_INTERVAL : INTERVAL };
   }
 

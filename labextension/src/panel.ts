@@ -6,6 +6,19 @@ import { IDisk, IStatus } from './api';
 import { h } from './dom';
 import { formatBytes, timeLeft, WorkstationModel } from './model';
 
+/** A selector that finds the focused button again after a render (its class and snapshot). */
+function focusKey(element: Element | null, root: HTMLElement): string | null {
+  if (!(element instanceof HTMLButtonElement) || !root.contains(element)) {
+    return null;
+  }
+  const action = [...element.classList].find(c => c.startsWith('kvs-') && c !== 'kvs-button' && c !== 'kvs-danger');
+  if (!action) {
+    return null;
+  }
+  const snapshot = element.closest('.kvs-snapshot')?.getAttribute('data-name');
+  return snapshot ? `.kvs-snapshot[data-name="${CSS.escape(snapshot)}"] .${action}` : `.kvs-actions .${action}`;
+}
+
 export class WorkstationPanel extends Widget {
   constructor(readonly model: WorkstationModel) {
     super();
@@ -17,7 +30,14 @@ export class WorkstationPanel extends Widget {
   }
 
   render(): void {
-    const { status, info, error } = this.model;
+    const { status, info, error, snapshots } = this.model;
+    // Only when something changed, and keeping the keyboard focus where it was.
+    const shown = JSON.stringify([status, info, error, snapshots, status?.idle && timeLeft(status.idle.deadline)]);
+    if (shown === this._shown) {
+      return;
+    }
+    this._shown = shown;
+    const focused = focusKey(document.activeElement, this.node);
     const body: (HTMLElement | null)[] = [h('h2', { class: 'kvs-title' }, 'Workstation')];
     if (error) {
       body.push(h('div', { class: 'kvs-alert kvs-error', role: 'alert' }, error));
@@ -31,14 +51,22 @@ export class WorkstationPanel extends Widget {
       body.push(h('p', { class: 'kvs-hint' }, 'Loading…'));
     }
     this.node.replaceChildren(...body.filter((e): e is HTMLElement => e !== null));
+    if (focused) {
+      (this.node.querySelector(focused) as HTMLElement | null)?.focus();
+    }
   }
+
+  private _shown = '';
 
   private operation(status: IStatus): HTMLElement | null {
     const op = status.operation;
     if (!op || op.state === 'done') {
       return null;
     }
-    const text = op.state === 'failed' ? `The ${op.kind} failed: ${op.error}` : `The workstation is ${op.description}.`;
+    const text =
+      op.state === 'failed'
+        ? `The ${op.kind} failed: ${op.error ?? 'see the workstation page'}`
+        : `The workstation is ${op.description}.`;
     return h('div', { class: `kvs-alert ${op.state === 'failed' ? 'kvs-error' : 'kvs-warn'}`, role: 'status' }, text);
   }
 

@@ -226,11 +226,14 @@ def test_the_workstation_panel_in_a_browser(hub: Hub, cluster: Cluster, page):
     # Install something outside /home, then restore the snapshot: it is gone, the Lab comes back.
     run_cell(page, "open('opt/tool.txt', 'w').write('installed'); print('wrote opt')", "wrote opt")
     assert hub.read_file(USER, "opt/tool.txt") == "installed"
+    # The safety snapshots of the restore and the reset take 5 s at the tests' speed: the Lab
+    # shows their step before the machine stops.
+    cluster.sim_api("PUT", "/timing", {"snapshot": 100.0})
     snapshot.locator(".kvs-restore").click()
     assert "Unsaved work in running kernels is lost" in page.locator(".jp-Dialog").inner_text()
     steps.shot("restore-confirm")
     accept_dialog(page)
-    page.locator(".jp-Dialog .kvs-steps").wait_for()
+    page.locator(".jp-Dialog .kvs-steps li.kvs-current", has_text="taking a safety snapshot").wait_for()
     steps.shot("restore-steps")
     page.wait_for_url(re.compile(r"/services/workstations/workstation/"), timeout=LONG)
     steps.shot("restore-service-page")
@@ -254,7 +257,9 @@ def test_the_workstation_panel_in_a_browser(hub: Hub, cluster: Cluster, page):
     page.fill("#kvs-confirm", USER)
     steps.shot("reset-confirm")
     accept_dialog(page)
+    page.locator(".jp-Dialog .kvs-steps li.kvs-current", has_text="taking a safety snapshot").wait_for()
     page.wait_for_url(re.compile(r"/services/workstations/workstation/"), timeout=LONG)
+    cluster.sim_api("PUT", "/timing", {"snapshot": 2.0})
     steps.shot("reset-service-page")
     back_in_lab(page, steps, "reset-lab")
     assert hub.read_file(USER, f"home/{USER}/notes.txt") == "my notes"

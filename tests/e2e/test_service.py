@@ -279,7 +279,9 @@ MATRIX = [
     ("DELETE", "/workstations/dave/snapshots/ghost", None, {"allowed": 404}),
     ("POST", "/workstations/dave/restore", {"snapshot": "ghost", "confirm": False}, {"allowed": 400}),
     ("POST", "/workstations/dave/reset", {"confirm": "wrong"}, {"allowed": 400}),
-    ("POST", "/workstations/dave/servers/nope/stop", None, {"allowed": 404}),
+    # dave's server token stands for that server: not for another workstation of dave's
+    ("POST", "/workstations/dave/servers/nope/stop", None, {"allowed": 404, "owner's server token": 403}),
+    ("GET", "/workstations/dave/servers/nope", None, {"allowed": 404, "owner's server token": 403}),
     ("POST", "/workstations/dave/keepalive", {"minutes": 0}, {"allowed": 400}),
     ("POST", "/workstations/dave/purge", {"confirm": "wrong"}, {"admin": 400, "allowed": 403}),
     ("GET", "/capacity", None, {"admin": 200, "allowed": 403}),

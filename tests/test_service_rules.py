@@ -1,0 +1,59 @@
+"""The workstations service's pure rules: the idle deadline it shows, what a server's token may act
+on, and when its page follows a workstation or takes the visitor back to JupyterLab."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from kubevirt_spawner.service.core import Caller, Workstations
+from kubevirt_spawner.service.web import _back_up, _own_servers, _refresh
+
+T0 = datetime(2026, 11, 30, 10, 0, tzinfo=timezone.utc)
+RUNNING = {"ready": True, "last_activity": "2026-11-30T10:00:00.000000Z"}
+
+
+def test_the_idle_deadline_runs_from_the_last_activity_or_the_end_of_a_keepalive():
+    core = Workstations(hub=None, idle_timeout=3600)
+    assert core._idle(RUNNING, None)["deadline"] == "2026-11-30T11:00:00Z"
+    # a keep-alive reports activity until it ends: the culler's timeout starts then
+    assert core._idle(RUNNING, T0 + timedelta(hours=4))["deadline"] == "2026-11-30T15:00:00Z"
+    assert core._idle(RUNNING, T0 - timedelta(hours=1))["deadline"] == "2026-11-30T11:00:00Z"
+    assert core._idle({"ready": False, "last_activity": RUNNING["last_activity"]}, None) is None
+    assert Workstations(hub=None)._idle(RUNNING, None) is None  # no idle stops configured
+
+
+def test_a_servers_token_acts_on_its_own_workstation_only():
+    """A JupyterHub server token carries access to its one server (jupyterhub/scopes.py: the
+    `server` role's `access:servers!server=`); a user's token carries all their servers."""
+    server_token = {"access:servers!server=dave/", "users:activity!user=dave", "access:services!service=workstations"}
+    own = _own_servers("dave", server_token)
+    assert own == frozenset({"dave/"})
+    caller = Caller("dave", False, own)
+    assert caller.may_act_on("dave", "") and not caller.may_act_on("dave", "gpu")
+    assert not caller.may_act_on("erin", "")
+    users_token = server_token | {"access:servers!user=dave", "servers!user=dave"}
+    assert _own_servers("dave", users_token) is None
+    assert Caller("dave", False, None).may_act_on("dave", "gpu")
+    assert Caller("admin", True, None).may_act_on("dave", "gpu")
+
+
+def view(op_state=None, ready=False, pending=None, phase="running", url="/user/lena/"):
+    return {"operation": {"state": op_state} if op_state else None, "phase": phase,
+            "hub": {"ready": ready, "pending": pending, "url": url}}
+
+
+def test_the_page_follows_until_the_server_is_back_and_stops_following_at_an_end():
+    # an operation under way: keep reloading
+    assert _refresh(view("running", ready=False), "lab") and not _back_up(view("running", ready=True))
+    # done, the hub starting the server: reload; up: back to JupyterLab
+    assert _refresh(view("done", pending="spawn"), "lab")
+    assert _back_up(view("done", ready=True)) and _back_up(view(None, ready=True))
+    # a failed operation stays on the page with its sentence; a broken machine ends the reloads
+    assert not _back_up(view("failed", ready=True)) and not _refresh(view("failed"), "lab")
+    assert not _refresh(view("done", pending="spawn", phase="failed"), "lab")
+    # nothing coming: no reloads
+    assert not _refresh(view("done", phase="stopped"), "lab")
+    # following a stop: while the hub still has the server, until it is stopped
+    assert _refresh(view(None, ready=True), "stop") and _refresh(view(None, pending="stop"), "stop")
+    assert not _refresh(view(None, phase="stopped"), "stop")
+    assert not _refresh(view(None, ready=True), "")  # not following
