@@ -83,6 +83,12 @@ register(c, __file__, pass_env=("POD_NAMESPACE", "CLUSTER_DOMAIN", "GOLDEN_IMAGE
 c.Workstations.snapshot_limit = 20
 c.Workstations.keepalive_max_minutes = 240
 
+# --- idle stops: the standard jupyterhub-idle-culler, after an hour without activity, with a
+# warning in the Lab ten minutes before (a stop keeps every disk; the next start resumes).
+from kubevirt_spawner.service import register_idle_culler  # noqa: E402
+
+register_idle_culler(c, timeout=3600, warn_before=600)
+
 # Last: a bad setting stops the hub here, with a message naming it.
 from kubevirt_spawner import KubeVirtSpawner  # noqa: E402
 

@@ -89,3 +89,37 @@ def test_in_a_cluster_the_service_listens_on_the_hub_pods_address(monkeypatch):
     spawner = KubeVirtSpawner(config=c)
     assert spawner.workstations_url == "http://hub.hub-prod.svc.cluster.local:10101/services/workstations/"
     assert spawner.default_url == "/lab"  # a workstation is a JupyterLab machine
+
+
+def test_both_configs_run_the_standard_idle_culler_and_the_service_knows_its_policy(monkeypatch, tmp_path):
+    """jupyterhub-idle-culler as a hub-managed service with the scopes its README lists
+    (jupyterhub/jupyterhub-idle-culler README.md, "Permissions"), never deleting users or named
+    servers; the workstations service gets the same timeout for the Lab's warning."""
+    from kubevirt_spawner.service import CULLER_SCOPES
+    prod = load(HUB_CONFIG / "jupyterhub_config.py", {"POD_NAMESPACE": "hub-prod"}, monkeypatch)
+    demo_env = {"KUBEVIRT_DEMO_STATE": str(tmp_path), "KUBEVIRT_DEMO_PORT": "8000", "KUBEVIRT_DEMO_HUB_PORT": "8081",
+                "CONFIGPROXY_API_URL": "http://127.0.0.1:8001", "KUBEVIRT_DEMO_SERVICE_PORT": "8123",
+                "KUBEVIRT_SPAWNER_KUBECONFIG": str(tmp_path / "kubeconfig"), "KUBEVIRT_DEMO_EXTRA_CONFIG": ""}
+    demo = load(DEMO_CONFIG, demo_env, monkeypatch)
+    for c in (prod, demo):
+        [culler] = [s for s in c.JupyterHub.services if s["name"] == "idle-culler"]
+        command = culler["command"]
+        assert command[1:3] == ["-m", "jupyterhub_idle_culler"]
+        assert "--timeout=3600" in command and "--cull-every=360" in command
+        assert "--cull-users=false" in command and "--remove-named-servers=false" in command
+        [role] = [r for r in c.JupyterHub.load_roles if r["name"] == "idle-culler"]
+        assert role["scopes"] == CULLER_SCOPES and role["services"] == ["idle-culler"]
+        assert (c.Workstations.idle_timeout, c.Workstations.idle_cull_every, c.Workstations.idle_warn_before) == \
+            (3600, 360, 600)
+
+
+def test_a_bad_idle_policy_is_refused():
+    import pytest
+    from traitlets.config import Config
+
+    from kubevirt_spawner.service import register_idle_culler
+    for bad in ({"timeout": 10}, {"timeout": 3600, "cull_every": 0}, {"timeout": 3600, "warn_before": -1}):
+        c = Config()
+        with pytest.raises(ValueError):
+            register_idle_culler(c, **bad)
+        assert "services" not in c.JupyterHub  # nothing half-registered

@@ -72,6 +72,11 @@ register(c, __file__, port=int(os.environ["KUBEVIRT_DEMO_SERVICE_PORT"]),
          pass_env=("KUBEVIRT_DEMO_STATE", "KUBEVIRT_SPAWNER_KUBECONFIG", "KUBEVIRT_DEMO_PORT", "KUBEVIRT_DEMO_HUB_PORT",
                    "KUBEVIRT_DEMO_SERVICE_PORT", "CONFIGPROXY_API_URL", "KUBEVIRT_DEMO_EXTRA_CONFIG"))
 
+# Idle stops: the standard jupyterhub-idle-culler after an hour without activity, warned in the Lab.
+from kubevirt_spawner.service import register_idle_culler  # noqa: E402
+
+register_idle_culler(c, timeout=int(os.environ.get("KUBEVIRT_DEMO_IDLE_TIMEOUT", "3600")), warn_before=600)
+
 # Tests (and curious users) can add settings without editing this file.
 if os.environ.get("KUBEVIRT_DEMO_EXTRA_CONFIG"):
     load_subconfig(os.environ["KUBEVIRT_DEMO_EXTRA_CONFIG"])  # noqa: F821

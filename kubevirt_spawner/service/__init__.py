@@ -53,3 +53,32 @@ def register(c, config_file: str, port: int = 10101, pass_env: tuple[str, ...] =
             scopes = list(c[section].server_token_scopes)
     c.KubeVirtSpawner.server_token_scopes = [*scopes, access] if access not in scopes else scopes
     c.KubeVirtSpawner.workstations_url = f"{url}/services/{SERVICE_NAME}/"
+
+
+CULLER_NAME = "idle-culler"
+# What jupyterhub-idle-culler needs to stop idle servers (its README's "Permissions"); no
+# admin:users: it never deletes users.
+CULLER_SCOPES = ["list:users", "read:users:activity", "read:servers", "delete:servers"]
+
+
+def register_idle_culler(c, timeout: int, cull_every: int | None = None, warn_before: int = 600):
+    """Run the standard jupyterhub-idle-culler as a hub-managed service: servers without activity
+    for `timeout` seconds are stopped (the spawner's graceful stop: disks kept), checked every
+    `cull_every` seconds (default: a tenth of the timeout, at least 30 s). Users and named servers are
+    never deleted. The workstations service learns the same policy, so the Lab can warn
+    `warn_before` seconds before a stop."""
+    if timeout < 60 or (cull_every is not None and cull_every < 1) or warn_before < 0:
+        raise ValueError("idle culling: timeout is at least 60 s, cull_every at least 1 s, warn_before not negative")
+    every = cull_every or max(30, timeout // 10)
+    services = list(c.JupyterHub.services) if "services" in c.JupyterHub else []
+    services.append({"name": CULLER_NAME, "command": [
+        sys.executable, "-m", "jupyterhub_idle_culler", f"--timeout={timeout}", f"--cull-every={every}",
+        "--cull-users=false", "--remove-named-servers=false"]})
+    c.JupyterHub.services = services
+    roles = list(c.JupyterHub.load_roles) if "load_roles" in c.JupyterHub else []
+    roles.append({"name": CULLER_NAME, "description": "Stops idle servers", "scopes": list(CULLER_SCOPES),
+                  "services": [CULLER_NAME]})
+    c.JupyterHub.load_roles = roles
+    c.Workstations.idle_timeout = timeout
+    c.Workstations.idle_cull_every = every
+    c.Workstations.idle_warn_before = warn_before

@@ -83,8 +83,12 @@ class Workstations(LoggingConfigurable):
         Seconds between the activity reports the service sends the hub while a keep-alive lasts.""")
     operation_timeout = Float(1800.0, config=True, help="Seconds each step of a restore or reset may take.")
     idle_timeout = Integer(0, config=True, help="""
-        Seconds without activity after which the hub's idle culler stops a workstation (the culler's
-        own timeout; set both to the same value). 0: no idle stops, no deadline shown.""")
+        Seconds without activity after which the hub's idle culler stops a workstation
+        (`register_idle_culler()` sets it with the culler's own timeout). 0: no idle stops.""")
+    idle_cull_every = Integer(0, config=True, help="""
+        Seconds between the culler's checks: a stop comes up to this long after the deadline.""")
+    idle_warn_before = Integer(600, config=True, help="""
+        Seconds before an idle stop at which the Lab warns, with a "Keep running" button.""")
 
     def __init__(self, hub: Hub, **kwargs):
         super().__init__(**kwargs)
@@ -202,7 +206,9 @@ class Workstations(LoggingConfigurable):
             return None
         # a keep-alive reports activity until it ends: the timeout runs from then
         deadline = max(last, keepalive or last) + timedelta(seconds=self.idle_timeout)
-        return {"timeout_seconds": self.idle_timeout, "last_activity": _iso(last), "deadline": _iso(deadline)}
+        return {"timeout_seconds": self.idle_timeout, "last_activity": _iso(last), "deadline": _iso(deadline),
+                "warn_at": _iso(deadline - timedelta(seconds=self.idle_warn_before)),
+                "check_every_seconds": self.idle_cull_every or None}
 
     async def _hub_server(self, user: str, server: str) -> dict | None:
         try:
