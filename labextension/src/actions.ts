@@ -1,10 +1,10 @@
 // What the buttons and commands do: confirm, call the service, show its sentence on failure, and
 // for restore, reset and stop follow the operation until this page has to leave for the service's.
-import { Dialog, InputDialog, showDialog, showErrorMessage } from '@jupyterlab/apputils';
+import { Dialog, InputDialog, Notification, showDialog, showErrorMessage } from '@jupyterlab/apputils';
 
 import { api, IInfo, workstationName, WorkstationError } from './api';
 import { StepList, SnapshotForm, TypedConfirmation } from './dialogs';
-import { WorkstationModel } from './model';
+import { timeLeft, WorkstationModel } from './model';
 
 const TITLE = 'Workstation';
 
@@ -223,4 +223,66 @@ async function follow(model: WorkstationModel, info: IInfo, intro: string): Prom
     await new Promise(resolve => window.setTimeout(resolve, 1000));
   }
   leave(info, 'lab');
+}
+
+/** How long "Keep running" keeps the workstation up (the service caps it). */
+export const KEEP_RUNNING_MINUTES = 60;
+
+export async function keepRunning(model: WorkstationModel): Promise<void> {
+  if (!ready(model)) {
+    return;
+  }
+  try {
+    await api.keepalive(KEEP_RUNNING_MINUTES);
+  } catch (error) {
+    await failed(error);
+    return;
+  }
+  await model.refresh();
+}
+
+/** The warning before an idle stop: once per deadline, gone when the deadline moves on. */
+export class IdleWarning {
+  constructor(private readonly model: WorkstationModel) {
+    model.changed.connect(this.update, this);
+  }
+
+  update(): void {
+    const idle = this.model.status?.idle;
+    const due = idle && Date.now() >= Date.parse(idle.warn_at);
+    if (!idle || !due) {
+      this.dismiss();
+      return;
+    }
+    if (this._deadline === idle.deadline) {
+      return;
+    }
+    this.dismiss();
+    this._deadline = idle.deadline;
+    this._id = Notification.warning(
+      `This workstation has been idle: it will be stopped ${timeLeft(idle.deadline)} (its disks are kept).`,
+      {
+        autoClose: false,
+        actions: [
+          {
+            label: 'Keep running',
+            caption: `Keep the workstation running for ${KEEP_RUNNING_MINUTES} more minutes`,
+            displayType: 'accent',
+            callback: () => void keepRunning(this.model)
+          }
+        ]
+      }
+    );
+  }
+
+  private dismiss(): void {
+    if (this._id) {
+      Notification.dismiss(this._id);
+    }
+    this._id = null;
+    this._deadline = null;
+  }
+
+  private _id: string | null = null;
+  private _deadline: string | null = null;
 }

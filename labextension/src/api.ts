@@ -41,7 +41,13 @@ export interface IStatus {
   keepalive_until: string | null;
   agent_connected: boolean;
   snapshot_consistency: string;
-  idle: { timeout_seconds: number; last_activity: string; deadline: string } | null;
+  idle: {
+    timeout_seconds: number;
+    last_activity: string;
+    deadline: string;
+    warn_at: string;
+    check_every_seconds: number | null;
+  } | null;
 }
 
 export interface ISnapshot {
@@ -114,7 +120,8 @@ export const api = {
     call<{ deleted: string }>(`snapshots/${encodeURIComponent(name)}`, { method: 'DELETE' }),
   restore: (snapshot: string) => post<unknown>('restore', { snapshot, confirm: true }),
   reset: (confirm: string) => post<unknown>('reset', { confirm }),
-  stop: () => post<unknown>('stop', { wait: false })
+  stop: () => post<unknown>('stop', { wait: false }),
+  keepalive: (minutes: number) => post<{ keepalive_until: string }>('keepalive', { minutes })
 };
 
 /** The name a reset is confirmed with: user, or user/server. */

@@ -25,6 +25,7 @@ const COMMANDS = {
   delete: 'workstation:delete-snapshot',
   reset: 'workstation:reset',
   stop: 'workstation:stop',
+  keep: 'workstation:keep-running',
   refresh: 'workstation:refresh',
   page: 'workstation:open-service-page'
 };
@@ -65,6 +66,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
   optional: [IStatusBar],
   activate: (app: JupyterFrontEnd, palette: ICommandPalette, statusBar: IStatusBar | null) => {
     const model = new WorkstationModel();
+    new actions.IdleWarning(model);
     const panel = new WorkstationPanel(model);
     panel.title.icon = ICON;
     app.shell.add(panel, 'left', { rank: 950 });
@@ -91,6 +93,10 @@ const plugin: JupyterFrontEndPlugin<void> = {
       execute: () => actions.reset(model)
     });
     commands.addCommand(COMMANDS.stop, { label: 'Stop this workstation…', execute: () => actions.stop(model) });
+    commands.addCommand(COMMANDS.keep, {
+      label: `Keep this workstation running (${actions.KEEP_RUNNING_MINUTES} min)`,
+      execute: () => actions.keepRunning(model)
+    });
     commands.addCommand(COMMANDS.refresh, { label: 'Refresh the workstation status', execute: () => model.refresh() });
     commands.addCommand(COMMANDS.page, {
       label: 'Open the workstation page (rescue page)',

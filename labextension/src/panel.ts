@@ -134,7 +134,10 @@ export class WorkstationPanel extends Widget {
       { class: 'kvs-actions' },
       button('Take snapshot', 'kvs-take-snapshot', () => actions.takeSnapshot(this.model)),
       button('Reset system', 'kvs-reset kvs-danger', () => actions.reset(this.model)),
-      button('Stop workstation', 'kvs-stop', () => actions.stop(this.model))
+      button('Stop workstation', 'kvs-stop', () => actions.stop(this.model)),
+      this.model.status?.idle
+        ? button(`Keep running (${actions.KEEP_RUNNING_MINUTES} min)`, 'kvs-keep', () => actions.keepRunning(this.model))
+        : null
     );
   }
 
