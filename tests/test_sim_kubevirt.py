@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import struct
+import subprocess
+import time
 
 import pytest
 import requests
@@ -210,8 +213,15 @@ def test_guest_runs_jupyter_on_its_root_disk_behind_the_service(custom, core, ns
     assert info["os"]["prettyName"] == "Ubuntu 24.04.1 LTS"
     fs = agent(sim, ns, "g", "filesystemlist").json()["items"][0]
     assert fs["mountPoint"] == "/" and 0 < fs["usedBytes"] <= fs["totalBytes"] == 60 * 2**30
-    http(sim).put(f"{sim.url}/sim/v1/vmis/{ns}/g/users", json={"users": [{"userName": "alice", "loginTime": 1.5}]})
+    http(sim).put(f"{sim.url}/sim/v1/vmis/{ns}/g/users", json={"users": [
+        {"userName": "alice", "loginTime": 1.5, "host": "10.0.0.5", "tty": "pts/3", "idleSeconds": 120}]})
     assert agent(sim, ns, "g", "userlist").json()["items"] == [{"userName": "alice", "loginTime": 1.5}]
+    # Inside the guest, where a Linux machine keeps them: utmp and the tty's last input (its atime).
+    utmp = open(os.path.join(root, "run", "utmp"), "rb").read()
+    assert len(utmp) == 384
+    kind, _pid, line, _id, user, host = struct.unpack_from("<h2xi32s4s32s256s", utmp)
+    assert (kind, line.rstrip(b"\0"), user.rstrip(b"\0"), host.rstrip(b"\0")) == (7, b"pts/3", b"alice", b"10.0.0.5")
+    assert 100 < time.time() - os.stat(os.path.join(root, "dev", "pts", "3")).st_atime < 140
     http(sim).put(f"{sim.url}/sim/v1/vmis/{ns}/g/agent", json={"connected": False})
     r = agent(sim, ns, "g", "guestosinfo")
     assert r.status_code == 500 and r.headers["Content-Type"].startswith("text/plain")
@@ -245,6 +255,14 @@ def test_gpu_scheduling_and_capacity_release(custom, core, sim):
     assert cond["message"].startswith("0/4 nodes are available: 1 Insufficient nvidia.com/A100-PCIE-40GB, "
                                       "3 node(s) didn't match Pod's node affinity/selector")
     assert any(e.reason == "FailedScheduling" for e in core.list_namespaced_event(ns).items)
+    # The guest's nvidia-smi (on its PATH, as the NVIDIA driver installs it) reports the utilisation
+    # the fault API sets, in the CSV form of `nvidia-smi --query-gpu=... --format=csv,noheader,nounits`.
+    http(sim).put(f"{sim.url}/sim/v1/vmis/{ns}/gpu1/gpu", json={"utilization": 87})
+    smi = os.path.join(sim.cluster.state_dir, "guests", f"{ns}_gpu1.bin", "nvidia-smi")
+    query = [smi, "--query-gpu=index,name,utilization.gpu", "--format=csv,noheader,nounits"]
+    assert subprocess.run(query, capture_output=True, text=True, check=True).stdout == \
+        "0, NVIDIA A100-PCIE-40GB, 87\n"
+    assert subprocess.run([smi, "-q"], capture_output=True).returncode == 2
     assert action(sim, ns, "gpu1", "stop").status_code == 202
     wait_for(lambda: vm_status(custom, ns, "gpu3") == "Running", what="gpu3 gets the freed GPU")
 

@@ -12,7 +12,7 @@ from ..objects import WORKSPACE_DISK_SERIAL, WORKSPACE_MOUNT, field_value
 from . import errors
 from .admission import check_quota, gpu_requests
 from .conditions import condition, drop_condition, get_condition, set_condition
-from .guests import Guest, boot_problem, first_boot, guest_arguments, guest_environment
+from .guests import Guest, boot_problem, first_boot, guest_arguments, guest_environment, write_logins, write_nvidia_smi
 from .launcher import POD, SCHEDULABLE_LABEL, Launchers, pod_ready
 from .resources import BY_KIND
 from .scheduler import node_ready, schedule
@@ -625,6 +625,12 @@ class Compute:
                     datas.append(self.c.secret_data(secret))
         return datas
 
+    def user_list(self, key: tuple[str, str]) -> list[dict]:
+        """The guest agent's users as KubeVirt reports them (VirtualMachineInstanceGuestOSUser in
+        staging/src/kubevirt.io/api/core/v1/types.go: userName, domain, loginTime); where they
+        logged in from stays in the guest."""
+        return [{k: u[k] for k in ("userName", "domain", "loginTime") if k in u} for u in self.users.get(key, [])]
+
     async def _start_guest(self, vmi: dict, ip: str, root: str):
         problem = boot_problem(root)
         if problem:  # the VMI runs (QEMU does) while the guest sits in its emergency shell
@@ -643,7 +649,21 @@ class Compute:
                       os.path.join(self.c.state_dir, "guests", f"{key[0]}_{key[1]}.log"), self.c.guest_command)
         guest.uid = vmi["metadata"]["uid"]
         self.guests[key] = guest
+        self.write_guest_facts(key)
         return guest
+
+    def write_guest_facts(self, key: tuple[str, str]):
+        """What the fault API says happens inside a running guest, where a Linux guest keeps it:
+        login records and tty input times under its root, an nvidia-smi for its GPUs on its PATH."""
+        guest = self.guests.get(key)
+        vmi = self.store.get(VMI, *key)
+        if guest is None or vmi is None:
+            return
+        write_logins(guest.root, self.users.get(key, []))
+        # the product name the driver reports for a device plugin's resource (nvidia.com/A100-PCIE-40GB)
+        gpus = ["NVIDIA " + g.get("deviceName", "GPU").rsplit("/", 1)[-1]
+                for g in field_value(vmi, "spec.domain.devices.gpus") or []]
+        write_nvidia_smi(guest.bindir, gpus, self.gpu_utilization.get(key, 0.0))
 
     async def _launch(self, guest: Guest):
         key = guest.key
@@ -940,13 +960,13 @@ class Compute:
         if call == "guestosinfo":
             info = self.guest_os_info(vmi)
             return {"guestAgentVersion": "8.2.2", "hostname": name, "os": info, "timezone": "UTC, 0",
-                    "userList": self.users.get((ns, name), []),
+                    "userList": self.user_list((ns, name)),
                     "fsInfo": {"disks": self.filesystems(vmi)},
                     "supportedCommands": [{"name": c, "enabled": True} for c in
                                           ("guest-info", "guest-get-osinfo", "guest-get-users",
                                            "guest-get-fsinfo", "guest-fsfreeze-freeze", "guest-shutdown")]}
         if call == "userlist":
-            return {"metadata": {}, "items": self.users.get((ns, name), [])}
+            return {"metadata": {}, "items": self.user_list((ns, name))}
         if call == "filesystemlist":
             return {"metadata": {}, "items": self.filesystems(vmi)}
         raise errors.bad_request(f"unknown guest agent call {call}")

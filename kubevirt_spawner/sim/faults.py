@@ -66,6 +66,7 @@ class Faults:
                     compute.users[key] = list(body.get("users") or [])
                 else:
                     compute.gpu_utilization[key] = float(body.get("utilization", 0))
+                compute.write_guest_facts(key)
                 self.c.vmi_queue.add(key)
             return {"agentConnected": compute.agents.get(key, True), "users": compute.users.get(key, []),
                     "gpuUtilization": compute.gpu_utilization.get(key, 0.0)}

@@ -15,7 +15,10 @@ import os
 import re
 import shutil
 import signal
+import stat
+import struct
 import sys
+import time
 import uuid
 
 log = logging.getLogger(__name__)
@@ -71,6 +74,57 @@ def first_boot(root: str):
             f.write(uuid.uuid4().hex + "\n")
 
 
+# The login records a Linux guest keeps: glibc's struct utmp on x86_64 (bits/utmp.h), 384 bytes;
+# `who` and `w` read them from /run/utmp, `w` the idle time from the atime of the tty device.
+UTMP = struct.Struct("<h2xi32s4s32s256shhiii4i20s")
+USER_PROCESS = 7
+NVIDIA_SMI_QUERY = "--query-gpu=index,name,utilization.gpu"
+
+
+def write_logins(root: str, users: list[dict], now: float | None = None):
+    """The guest's login records for the users the fault API gives it: {"userName", "loginTime"
+    (epoch seconds), "host" (an SSH client's address; none: a console login), "tty" (default
+    pts/N), "idleSeconds" (since the last input on the tty)}."""
+    now = time.time() if now is None else now
+    records = []
+    for n, user in enumerate(users):
+        line = user.get("tty") or f"pts/{n}"
+        login = float(user.get("loginTime") or now)
+        records.append(UTMP.pack(USER_PROCESS, 2000 + n, line.encode()[:32], str(n).encode()[:4],
+                                 str(user.get("userName", "")).encode()[:32], str(user.get("host") or "").encode()[:256],
+                                 0, 0, 2000 + n, int(login), int((login % 1) * 1e6), 0, 0, 0, 0, b""))
+        device = os.path.join(root, "dev", line)
+        os.makedirs(os.path.dirname(device), exist_ok=True)
+        if not os.path.exists(device):
+            with open(device, "w"):
+                pass
+        input_at = now - float(user.get("idleSeconds") or 0)
+        os.utime(device, (input_at, input_at))
+    os.makedirs(os.path.join(root, "run"), exist_ok=True)
+    with open(os.path.join(root, "run", "utmp"), "wb") as f:
+        f.write(b"".join(records))
+
+
+def write_nvidia_smi(bindir: str, gpus: list[str], utilization: float):
+    """An `nvidia-smi` for a guest with GPUs passed through: the query the guest package makes,
+    answered as the NVIDIA driver's tool does (one `index, name, utilization` line per GPU);
+    any other query fails as an unsupported one would. No GPUs: no nvidia-smi."""
+    path = os.path.join(bindir, "nvidia-smi")
+    if not gpus:
+        if os.path.exists(path):
+            os.unlink(path)
+        return
+    os.makedirs(bindir, exist_ok=True)
+    lines = "".join(f"{i}, {name}, {round(utilization)}\n" for i, name in enumerate(gpus))
+    script = ("#!/bin/sh\n"
+              f'case "$*" in *{NVIDIA_SMI_QUERY}*) ;; *) echo "simulated nvidia-smi: unsupported query: $*" >&2; exit 2;; esac\n'
+              f"cat <<'EOF'\n{lines}EOF\n")
+    with open(path + ".new", "w") as f:
+        f.write(script)
+    os.chmod(path + ".new", stat.S_IRWXU | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
+    os.replace(path + ".new", path)
+
+
 def boot_problem(root: str) -> str | None:
     """Why the machine on this root filesystem would not come up, as a Linux guest would fail:
     systemd drops to its emergency shell when /etc/fstab has a line it cannot parse (no network
@@ -106,6 +160,7 @@ class Guest:
                  command: list[str] | None):
         self.key, self.ip, self.root, self.env, self.args = key, ip, root, env, args
         self.log_path = log_path
+        self.bindir = os.path.join(os.path.dirname(log_path), f"{key[0]}_{key[1]}.bin")  # on its PATH
         self.command = command
         self.proc: asyncio.subprocess.Process | None = None
         self.null_server: asyncio.AbstractServer | None = None
@@ -120,6 +175,7 @@ class Guest:
         env = dict(os.environ)
         env.update(self.env)
         prefix = self.env.get("JUPYTERHUB_SERVICE_PREFIX", "/")
+        env["PATH"] = self.bindir + os.pathsep + env.get("PATH", "")  # (nvidia-smi when it has GPUs)
         env.update({"HOME": home, "USER": user, "JUPYTER_RUNTIME_DIR": os.path.join(home, ".local/share/jupyter/runtime"),
                     "JUPYTERHUB_SERVICE_URL": f"http://{self.ip}:{JUPYTER_PORT}{prefix}",
                     "KUBEVIRT_SIM_MACHINE_ROOT": self.root})
