@@ -57,3 +57,24 @@ def test_the_page_follows_until_the_server_is_back_and_stops_following_at_an_end
     assert _refresh(view(None, ready=True), "stop") and _refresh(view(None, pending="stop"), "stop")
     assert not _refresh(view(None, phase="stopped"), "stop")
     assert not _refresh(view(None, ready=True), "")  # not following
+
+
+def test_the_guest_says_why_its_machine_is_busy_and_bad_reports_change_nothing():
+    import pytest
+
+    from kubevirt_spawner.service.core import ServiceError
+    core = Workstations(hub=None)
+    guest = Caller("alice", False, frozenset({"alice/"}))
+    reasons = [{"source": "gpu", "text": "GPU 0 (NVIDIA A100-PCIE-40GB) 87 % busy", "since": None},
+               {"source": "ssh", "text": "SSH session of alice from 10.0.0.5", "since": "2026-11-30T09:10:00Z"}]
+    assert "recorded" in core.report_activity(guest, "alice", "", reasons)
+    assert core._activity[("alice", "")]["sources"] == reasons
+    for bad in (None, "busy", [{"source": "magic", "text": "x"}], [{"source": "gpu"}], [{"source": "gpu",
+                "text": "x" * 301}], [{"source": "gpu", "text": "x", "since": 5}] , [reasons[0]] * 21):
+        with pytest.raises(ServiceError) as err:
+            core.report_activity(guest, "alice", "", bad)
+        assert err.value.status == 400
+    assert core._activity[("alice", "")]["sources"] == reasons
+    with pytest.raises(ServiceError) as err:  # a server's token speaks for its own machine only
+        core.report_activity(guest, "alice", "gpu", reasons)
+    assert err.value.status == 403

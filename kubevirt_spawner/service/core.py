@@ -59,6 +59,10 @@ def _iso(moment: datetime) -> str:
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+# What a guest may name as the reason it is busy (kubevirt_spawner.guest.activity's sources).
+ACTIVITY_SOURCES = ("ssh", "console", "gpu", "cpu", "kernel", "terminal", "keepalive")
+
+
 def usage_level(percent: float | None) -> str | None:
     """ok, or the threshold (70, 85, 95 %) the disk is above."""
     if percent is None:
@@ -97,6 +101,7 @@ class Workstations(LoggingConfigurable):
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._keepalives: dict[tuple[str, str], datetime] = {}
         self._usage: dict[tuple[str, str], dict] = {}
+        self._activity: dict[tuple[str, str], dict] = {}  # the guest's last word on why it is busy
         self.registry = CollectorRegistry()
         self.m_operations = Counter("workstations_operations", "Operations by kind and result",
                                     ["kind", "result"], registry=self.registry)
@@ -194,6 +199,7 @@ class Workstations(LoggingConfigurable):
             "snapshot_consistency": ("offline" if vmi is None else "application-consistent" if agent_connected
                                      else "crash-consistent"),
             "idle": self._idle(server, keepalive),
+            "activity": self._activity.get((ident.user, ident.server)),
         }
 
     def _idle(self, server: dict | None, keepalive: datetime | None) -> dict | None:
@@ -479,6 +485,21 @@ class Workstations(LoggingConfigurable):
         self._keepalives[(user, server)] = until
         self._audit(caller, "keepalive", ws, "ok", f"{minutes} min")
         return {"keepalive_until": _iso(until)}
+
+    def report_activity(self, caller: Caller, user: str, server: str, sources) -> dict:
+        """What the guest says keeps its machine busy (logins with recent input, a busy GPU, ...),
+        shown as the reason it counts as active. The hub's last_activity, which the culler reads,
+        moves through JupyterHub's own activity report; this is the why."""
+        self.authorize(caller, user, server)
+        if not isinstance(sources, list) or len(sources) > 20 or not all(
+                isinstance(x, dict) and x.get("source") in ACTIVITY_SOURCES and isinstance(x.get("text"), str)
+                and len(x["text"]) <= 300 and isinstance(x.get("since"), (str, type(None))) for x in sources):
+            raise ServiceError(400, '"sources" is a list of at most 20 {"source": one of '
+                                    f'{", ".join(ACTIVITY_SOURCES)}, "text": "...", "since": time or null}}.')
+        at = _now()
+        self._activity[(user, server)] = {"at": _iso(at), "sources": [
+            {"source": x["source"], "text": x["text"], "since": x.get("since")} for x in sources]}
+        return {"recorded": _iso(at)}
 
     async def report_keepalives(self):
         """Every keepalive_interval: activity for the servers whose keep-alive lasts."""

@@ -28,7 +28,7 @@ from .hub import Hub
 
 TEMPLATES = jinja2.Environment(loader=jinja2.PackageLoader("kubevirt_spawner.service", "templates"),
                                autoescape=True)
-API_ACTIONS = ("snapshots", "restore", "reset", "stop", "keepalive", "purge")
+API_ACTIONS = ("snapshots", "restore", "reset", "stop", "keepalive", "purge", "activity")
 
 
 class Base(HubOAuthenticated, web.RequestHandler):
@@ -148,6 +148,8 @@ class WorkstationApi(Api):
                 return await self.core.reset(caller, user, srv, body.get("confirm"))
             if action == "stop":
                 return await self.core.stop(caller, user, srv, body.get("wait", True))
+            if action == "activity":
+                return self.core.report_activity(caller, user, srv, body.get("sources"))
             if action == "keepalive":
                 return await self.core.keepalive(caller, user, srv, body.get("minutes"))
             if action == "purge":
