@@ -118,8 +118,21 @@ def test_a_bad_idle_policy_is_refused():
     from traitlets.config import Config
 
     from kubevirt_spawner.service import register_idle_culler
-    for bad in ({"timeout": 10}, {"timeout": 3600, "cull_every": 0}, {"timeout": 3600, "warn_before": -1}):
+    for bad in ({"timeout": 5}, {"timeout": 3600, "cull_every": 0}, {"timeout": 3600, "warn_before": -1}):
         c = Config()
         with pytest.raises(ValueError):
             register_idle_culler(c, **bad)
         assert "services" not in c.JupyterHub  # nothing half-registered
+
+
+def test_a_later_config_replaces_the_idle_policy():
+    from traitlets.config import Config
+
+    from kubevirt_spawner.service import register_idle_culler
+    c = Config()
+    register_idle_culler(c, timeout=3600)
+    register_idle_culler(c, timeout=20, cull_every=5, warn_before=10)
+    [culler] = [s for s in c.JupyterHub.services if s["name"] == "idle-culler"]
+    assert "--timeout=20" in culler["command"] and "--cull-every=5" in culler["command"]
+    assert [r["name"] for r in c.JupyterHub.load_roles] == ["idle-culler"]
+    assert (c.Workstations.idle_timeout, c.Workstations.idle_warn_before) == (20, 10)

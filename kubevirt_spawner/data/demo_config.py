@@ -75,7 +75,7 @@ register(c, __file__, port=int(os.environ["KUBEVIRT_DEMO_SERVICE_PORT"]),
 # Idle stops: the standard jupyterhub-idle-culler after an hour without activity, warned in the Lab.
 from kubevirt_spawner.service import register_idle_culler  # noqa: E402
 
-register_idle_culler(c, timeout=int(os.environ.get("KUBEVIRT_DEMO_IDLE_TIMEOUT", "3600")), warn_before=600)
+register_idle_culler(c, timeout=3600, warn_before=600)
 
 # Tests (and curious users) can add settings without editing this file.
 if os.environ.get("KUBEVIRT_DEMO_EXTRA_CONFIG"):

@@ -67,15 +67,16 @@ def register_idle_culler(c, timeout: int, cull_every: int | None = None, warn_be
     `cull_every` seconds (default: a tenth of the timeout, at least 30 s). Users and named servers are
     never deleted. The workstations service learns the same policy, so the Lab can warn
     `warn_before` seconds before a stop."""
-    if timeout < 60 or (cull_every is not None and cull_every < 1) or warn_before < 0:
-        raise ValueError("idle culling: timeout is at least 60 s, cull_every at least 1 s, warn_before not negative")
+    if timeout < 10 or (cull_every is not None and cull_every < 1) or warn_before < 0:
+        raise ValueError("idle culling: timeout is at least 10 s, cull_every at least 1 s, warn_before not negative")
     every = cull_every or max(30, timeout // 10)
-    services = list(c.JupyterHub.services) if "services" in c.JupyterHub else []
+    # Called again (a later config file), it replaces the policy.
+    services = [s for s in (c.JupyterHub.services if "services" in c.JupyterHub else []) if s["name"] != CULLER_NAME]
     services.append({"name": CULLER_NAME, "command": [
         sys.executable, "-m", "jupyterhub_idle_culler", f"--timeout={timeout}", f"--cull-every={every}",
         "--cull-users=false", "--remove-named-servers=false"]})
     c.JupyterHub.services = services
-    roles = list(c.JupyterHub.load_roles) if "load_roles" in c.JupyterHub else []
+    roles = [r for r in (c.JupyterHub.load_roles if "load_roles" in c.JupyterHub else []) if r["name"] != CULLER_NAME]
     roles.append({"name": CULLER_NAME, "description": "Stops idle servers", "scopes": list(CULLER_SCOPES),
                   "services": [CULLER_NAME]})
     c.JupyterHub.load_roles = roles
