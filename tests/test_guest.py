@@ -48,6 +48,7 @@ class FakeService:
 
     port: int = 0
     calls: list[Call] = field(default_factory=list)
+    activity_reports: list[Call] = field(default_factory=list)
     status: int = 200
     body: bytes = b"{}"
     content_type: str = "application/json"
@@ -74,7 +75,15 @@ def start_fake_service() -> tuple[FakeService, ThreadingHTTPServer]:
     class Handler(BaseHTTPRequestHandler):
         def handle_call(self):
             length = int(self.headers.get("Content-Length") or 0)
-            fake.calls.append(Call(self.command, self.path, dict(self.headers), self.rfile.read(length)))
+            call = Call(self.command, self.path, dict(self.headers), self.rfile.read(length))
+            if self.path.endswith("/activity"):  # the guest's own activity reports, not the panel's calls
+                fake.activity_reports.append(call)
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+                return
+            fake.calls.append(call)
             status, body, content_type, headers = fake.status, fake.body, fake.content_type, fake.headers
             time.sleep(fake.delay)
             try:
@@ -386,3 +395,16 @@ def test_not_configured_is_503(other_servers):
     assert info["configured"] is False
     assert r.status_code == 503
     assert "not started by a JupyterHub with the workstations service" in r.json()["error"]
+
+
+def test_the_guest_reports_why_its_machine_is_busy_with_its_own_token(fake, server):
+    """At start and every c.WorkstationActivity.interval the guest posts what its activity sampler
+    found (an empty list: idle) to the service's activity endpoint, with the server's token."""
+    wait = time.monotonic() + 10
+    while not fake.activity_reports and time.monotonic() < wait:
+        time.sleep(0.1)
+    report = fake.activity_reports[0]
+    assert report.method == "POST" and report.path == f"{SERVICE_PREFIX}api/v1/workstations/alice/servers/gpu/activity"
+    assert report.headers["Authorization"] == f"token {SERVER_TOKEN}"
+    sources = json.loads(report.body)["sources"]  # (this machine's own logins and GPUs, if any)
+    assert isinstance(sources, list) and all({"source", "text", "since"} <= set(x) for x in sources)

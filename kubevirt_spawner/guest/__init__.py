@@ -6,7 +6,8 @@ Enable it with ``c.ServerApp.jpserver_extensions = {"kubevirt_spawner.guest": Tr
 It imports nothing else of kubevirt_spawner: the guest never carries the hub's code.
 """
 
-from .proxy import setup_handlers
+from . import activity
+from .proxy import ActivityReporter, setup_handlers
 
 
 def _jupyter_server_extension_points():
@@ -14,4 +15,6 @@ def _jupyter_server_extension_points():
 
 
 def _load_jupyter_server_extension(serverapp):
-    setup_handlers(serverapp)
+    guest = setup_handlers(serverapp)
+    # what keeps the machine busy beyond Jupyter (logins, GPUs): the hub's activity, and the why
+    activity.start(serverapp, ActivityReporter(guest))

@@ -220,7 +220,33 @@ class ProxyHandler(GuestHandler):
         self.finish(response.body)
 
 
-def setup_handlers(serverapp: ServerApp) -> None:
+class ActivityReporter:
+    """Tells the workstations service why this machine counts as busy (what the activity sampler
+    found), with the server's own token; a failure is logged once until the next success."""
+
+    def __init__(self, guest: WorkstationGuest):
+        self.guest = guest
+        self._failing = ""
+
+    async def __call__(self, reasons: list[dict[str, Any]]) -> None:
+        guest = self.guest
+        if not guest.configured:
+            return
+        request = HTTPRequest(guest.api_url("/activity"), method="POST", body=json.dumps({"sources": reasons}),
+                              headers={"Authorization": f"token {guest.api_token}", "Content-Type": "application/json"},
+                              connect_timeout=guest.request_timeout, request_timeout=guest.request_timeout,
+                              follow_redirects=False)
+        try:
+            response = await AsyncHTTPClient().fetch(request, raise_error=False)
+            problem = "" if response.code < 300 else f"the service answered {response.code}"
+        except (OSError, HTTPClientError) as err:
+            problem = f"the service does not answer ({short_reason(err)})"
+        if problem and problem != self._failing:
+            guest.log.warning("Workstation activity: not reported: %s", problem)
+        self._failing = problem
+
+
+def setup_handlers(serverapp: ServerApp) -> WorkstationGuest:
     guest = WorkstationGuest(parent=serverapp)  # parent: c.WorkstationGuest.* applies, logs go to the server's log
     base = serverapp.web_app.settings["base_url"]
     args = {"guest": guest}
@@ -232,3 +258,4 @@ def setup_handlers(serverapp: ServerApp) -> None:
         serverapp.log.info("Workstation panel: forwarding to %s for %s", guest.service_url, guest.workstation())
     else:
         serverapp.log.warning("Workstation panel: %s", NOT_CONFIGURED)
+    return guest
