@@ -382,3 +382,32 @@ async def test_start_sets_tz_aware_last_activity(tmp_path, no_gpu_path):
         max([last, datetime.fromisoformat("2026-01-01T00:00:00+00:00")])  # comparable with jupyter's own
     finally:
         a.stop()
+
+
+async def test_a_kernel_running_a_cell_counts_and_every_sample_is_reported(tmp_path, no_gpu_path):
+    """A kernel whose last status message said busy (jupyter-server's MappingKernelManager records
+    `execution_state` from iopub status messages, services/kernels/kernelmanager.py) is running a
+    cell, output or not: the machine is busy. Each sample's reasons go to the reporter."""
+    root = standard_machine(tmp_path / "m", ssh_ago=3600, console_ago=None, now=time.time())
+    config = Config()
+    config.WorkstationActivity.root = str(root)
+    config.WorkstationActivity.interval = 3600.0
+    app = FakeServerApp(config=config, log=logging.getLogger("test_guest_activity"))
+    kernels = {"k1": SimpleNamespace(execution_state="idle", kernel_name="python3"),
+               "k2": SimpleNamespace(execution_state="busy", kernel_name="python3")}
+    app.kernel_manager = SimpleNamespace(list_kernel_ids=lambda: list(kernels), get_kernel=kernels.__getitem__)
+    reported: list = []
+
+    async def reporter(reasons):
+        reported.append(reasons)
+
+    a = act.start(cast(Any, app), reporter)
+    try:
+        reasons = await a.update(app.web_app.settings)
+        assert reasons == [{"source": "kernel", "text": "a python3 kernel running a cell", "since": None}]
+        assert act.LAST_ACTIVITY_KEY in app.web_app.settings
+        kernels["k2"].execution_state = "idle"
+        assert await a.update(app.web_app.settings) == []
+        assert reported[-2:] == [reasons, []]
+    finally:
+        a.stop()

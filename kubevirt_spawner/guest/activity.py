@@ -340,6 +340,7 @@ class WorkstationActivity(LoggingConfigurable):
         self._sampling = False
         # gets every sample's reasons (the workstations service shows them)
         self.reporter: Callable[[list[dict[str, Any]]], Awaitable[None]] | None = None
+        self.kernel_manager: Any = None  # the server's, whose busy kernels count
 
     def _failed(self, source: str, err: SourceError) -> None:
         """Log a source's failure once per distinct reason, not every interval."""
@@ -402,6 +403,8 @@ class WorkstationActivity(LoggingConfigurable):
             return None
         finally:
             self._sampling = False
+        if self.kernel_manager is not None:
+            reasons += self.busy_kernels(self.kernel_manager)
         now = datetime.now(timezone.utc)  # tz-aware, like jupyter-server's own *_last_activity
         if reasons:
             settings[LAST_ACTIVITY_KEY] = now
@@ -411,6 +414,17 @@ class WorkstationActivity(LoggingConfigurable):
         settings[REASONS_KEY] = {"time": now.isoformat(), "reasons": reasons}
         if self.reporter is not None:
             await self.reporter(reasons)
+        return reasons
+
+    def busy_kernels(self, kernel_manager: Any) -> list[dict[str, Any]]:
+        """Kernels running a cell: busy without output is still work (jupyter-server counts only
+        kernel messages as activity, so a long silent cell would look idle)."""
+        reasons = []
+        for kernel_id in list(kernel_manager.list_kernel_ids()):
+            kernel = kernel_manager.get_kernel(kernel_id)
+            if getattr(kernel, "execution_state", None) == "busy":
+                name = getattr(kernel, "kernel_name", "") or "kernel"
+                reasons.append({"source": "kernel", "text": f"a {name} kernel running a cell", "since": None})
         return reasons
 
     def start(self, settings: MutableMapping[str, Any]) -> None:
@@ -432,6 +446,7 @@ def start(serverapp: ServerApp, reporter: Callable[[list[dict[str, Any]]], Await
     `reporter` gets every sample's reasons (the workstations service shows them)."""
     activity = WorkstationActivity(parent=serverapp)  # parent: c.WorkstationActivity.* applies, logs go to its log
     activity.reporter = reporter
+    activity.kernel_manager = getattr(serverapp, "kernel_manager", None)
     activity.start(serverapp.web_app.settings)
     activity.log.info("Workstation activity: logins, GPUs%s of %s every %g s", " and processes"
                       if activity.cpu_threshold > 0 else "", activity.root, activity.interval)
