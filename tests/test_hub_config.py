@@ -125,7 +125,7 @@ def test_a_bad_idle_policy_is_refused():
         assert "services" not in c.JupyterHub  # nothing half-registered
 
 
-def test_a_later_config_replaces_the_idle_policy():
+def test_registering_the_culler_again_replaces_the_idle_policy():
     from traitlets.config import Config
 
     from kubevirt_spawner.service import register_idle_culler

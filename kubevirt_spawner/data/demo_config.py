@@ -72,14 +72,18 @@ register(c, __file__, port=int(os.environ["KUBEVIRT_DEMO_SERVICE_PORT"]),
          pass_env=("KUBEVIRT_DEMO_STATE", "KUBEVIRT_SPAWNER_KUBECONFIG", "KUBEVIRT_DEMO_PORT", "KUBEVIRT_DEMO_HUB_PORT",
                    "KUBEVIRT_DEMO_SERVICE_PORT", "CONFIGPROXY_API_URL", "KUBEVIRT_DEMO_EXTRA_CONFIG"))
 
-# Idle stops: the standard jupyterhub-idle-culler after an hour without activity, warned in the Lab.
-from kubevirt_spawner.service import register_idle_culler  # noqa: E402
-
-register_idle_culler(c, timeout=3600, warn_before=600)
-
 # Tests (and curious users) can add settings without editing this file.
 if os.environ.get("KUBEVIRT_DEMO_EXTRA_CONFIG"):
     load_subconfig(os.environ["KUBEVIRT_DEMO_EXTRA_CONFIG"])  # noqa: F821
+
+# Idle stops: the standard jupyterhub-idle-culler after an hour without activity, warned in the Lab
+# ten minutes before; extra settings may change the policy (c.Workstations.idle_*).
+from kubevirt_spawner.service import register_idle_culler  # noqa: E402
+
+policy = c.Workstations
+register_idle_culler(c, timeout=policy.idle_timeout if "idle_timeout" in policy else 3600,
+                     cull_every=policy.idle_cull_every if "idle_cull_every" in policy else None,
+                     warn_before=policy.idle_warn_before if "idle_warn_before" in policy else 600)
 
 # Last: a bad setting stops the hub here, with a message naming it.
 from kubevirt_spawner import KubeVirtSpawner  # noqa: E402

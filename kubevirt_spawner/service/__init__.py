@@ -70,7 +70,7 @@ def register_idle_culler(c, timeout: int, cull_every: int | None = None, warn_be
     if timeout < 10 or (cull_every is not None and cull_every < 1) or warn_before < 0:
         raise ValueError("idle culling: timeout is at least 10 s, cull_every at least 1 s, warn_before not negative")
     every = cull_every or max(30, timeout // 10)
-    # Called again (a later config file), it replaces the policy.
+    # Called again on the same config, it replaces the policy.
     services = [s for s in (c.JupyterHub.services if "services" in c.JupyterHub else []) if s["name"] != CULLER_NAME]
     services.append({"name": CULLER_NAME, "command": [
         sys.executable, "-m", "jupyterhub_idle_culler", f"--timeout={timeout}", f"--cull-every={every}",

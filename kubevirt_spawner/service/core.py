@@ -199,8 +199,19 @@ class Workstations(LoggingConfigurable):
             "snapshot_consistency": ("offline" if vmi is None else "application-consistent" if agent_connected
                                      else "crash-consistent"),
             "idle": self._idle(server, keepalive),
-            "activity": self._activity.get((ident.user, ident.server)),
+            "activity": self._why_active(ident.user, ident.server, keepalive),
         }
+
+    def _why_active(self, user: str, server: str, keepalive: datetime | None) -> dict | None:
+        """Why the machine counts as busy: what its guest last reported, and a keep-alive."""
+        reported = self._activity.get((user, server))
+        sources = list(reported["sources"]) if reported else []
+        if keepalive and keepalive > _now():
+            sources.append({"source": "keepalive", "text": f"kept running until {_iso(keepalive)}",
+                            "since": None})
+        if reported is None and not sources:
+            return None
+        return {"reported": reported["at"] if reported else None, "sources": sources}
 
     def _idle(self, server: dict | None, keepalive: datetime | None) -> dict | None:
         """When the idle culler would stop the running server: the timeout after its last activity,

@@ -1,0 +1,121 @@
+"""Idle stops on the real hub, with the real jupyterhub-idle-culler (short timeouts), the proxy
+and the simulator: an idle machine is stopped (disks kept, GPU freed, the next start resumes it);
+a busy GPU, an SSH session with recent input, a kernel running a long cell and a keep-alive keep a
+machine running, and the workstations service says why for each.
+
+The culler decides on the server's last_activity in the hub (jupyterhub_idle_culler/__init__.py,
+cull_idle: `inactive = now - last_activity` against --timeout); the guest moves it through
+jupyterhub-singleuser's activity report (jupyterhub/singleuser/extension.py, every
+JUPYTERHUB_ACTIVITY_INTERVAL seconds) from what its activity sampler found.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import pytest
+import requests
+from conftest import Cluster, Hub
+from tornado.httpclient import HTTPRequest
+from tornado.ioloop import IOLoop
+from tornado.websocket import websocket_connect
+
+from simtools import wait_for
+
+TIMEOUT = 20
+EXTRA = f"""
+c.Workstations.idle_timeout = {TIMEOUT}  # the demo's config runs the culler with this policy
+c.Workstations.idle_cull_every = 2
+c.Workstations.idle_warn_before = 10
+c.KubeVirtSpawner.environment = {{"JUPYTERHUB_ACTIVITY_INTERVAL": "2"}}
+c.KubeVirtSpawner.args = ["--ContentsManager.allow_hidden=True", "--WorkstationActivity.interval=2"]
+c.Workstations.keepalive_interval = 1
+"""
+API = "/services/workstations/api/v1"
+
+
+@pytest.fixture(scope="module")
+def hub(e2e_sim, tmp_path_factory):
+    h = Hub(tmp_path_factory.mktemp("hub"), e2e_sim, extra_config=EXTRA).start()
+    wait_for(lambda: requests.get(f"{h.url}{API}/workstations", timeout=5).status_code == 401, 60,
+             what="the workstations service")
+    yield h
+    h.close()
+
+
+def status(hub: Hub, user: str) -> dict:
+    r = hub.http.get(f"{hub.url}{API}/workstations/{user}", timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def run_cell(hub: Hub, user: str, code: str):
+    """Start a kernel on the user's server and send it one cell (Jupyter's kernel websocket), without
+    waiting for the cell to finish."""
+    base = f"{hub.url}/user/{user}"
+    kernel = hub.http.post(f"{base}/api/kernels", json={"name": "python3"}, timeout=60)
+    assert kernel.status_code == 201, kernel.text
+    kid = kernel.json()["id"]
+    token = hub.http.headers["Authorization"].split()[1]
+
+    async def send():
+        ws = await websocket_connect(HTTPRequest(f"{base.replace('http', 'ws', 1)}/api/kernels/{kid}/channels",
+                                                 headers={"Authorization": f"token {token}"}))
+        msg_id = uuid.uuid4().hex
+        ws.write_message(json.dumps({
+            "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": user, "session": msg_id,
+                       "version": "5.3", "date": ""},
+            "parent_header": {}, "metadata": {}, "channel": "shell",
+            "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {},
+                        "allow_stdin": False, "stop_on_error": True}}))
+        while True:  # until the kernel says it is busy with it
+            reply = json.loads(await ws.read_message())
+            if reply.get("msg_type") == "status" and reply["content"]["execution_state"] == "busy" and \
+                    reply["parent_header"].get("msg_id") == msg_id:
+                break
+        ws.close()
+    IOLoop.current().run_sync(send, timeout=60)
+
+
+def test_idle_machines_are_stopped_busy_ones_are_not_and_the_service_says_why(hub: Hub, cluster: Cluster):
+    ns = {user: f"notebook-{user}" for user in ("ivy", "gus", "sam", "kim", "kai")}
+    # Each busy machine gets what keeps it busy, where a guest sees it, as soon as it is up (the
+    # timeout is short); the idle one starts last.
+    hub.start_server("gus", profile="gpu-a100-1", timeout=180)
+    cluster.sim_api("PUT", f"/vmis/{ns['gus']}/gus-workstation/gpu", {"utilization": 87})
+    hub.start_server("sam", timeout=180)
+    cluster.sim_api("PUT", f"/vmis/{ns['sam']}/sam-workstation/users", {"users": [
+        {"userName": "sam", "loginTime": time.time() - 600, "host": "10.1.2.3", "idleSeconds": 5}]})
+    hub.start_server("kim", timeout=180)
+    run_cell(hub, "kim", "import time; time.sleep(3600)")
+    hub.start_server("kai", timeout=180)
+    r = hub.http.post(f"{hub.url}{API}/workstations/kai/keepalive", json={"minutes": 10}, timeout=30)
+    assert r.status_code == 200, r.text
+    hub.start_server("ivy", timeout=180)
+    rootdisk_uid = cluster.core.read_namespaced_persistent_volume_claim("ivy-rootdisk", ns["ivy"]).metadata.uid
+
+    # The idle one: a deadline, a warning time before it, then the culler stops it.
+    idle = status(hub, "ivy")["idle"]
+    assert idle["timeout_seconds"] == TIMEOUT and idle["warn_at"] < idle["deadline"]
+    wait_for(lambda: hub.server_model("ivy") is None, 3 * TIMEOUT, what="the culler to stop ivy's idle server")
+    wait_for(lambda: cluster.vmi(ns["ivy"], "ivy-workstation") is None, 60, what="ivy's VMI gone")
+    assert cluster.core.read_namespaced_persistent_volume_claim("ivy-rootdisk", ns["ivy"]).metadata.uid == \
+        rootdisk_uid
+
+    # The busy ones outlive two timeouts, and the service says why.
+    time.sleep(TIMEOUT)
+    why = {}
+    for user in ("gus", "sam", "kim", "kai"):
+        assert (hub.server_model(user) or {}).get("ready"), f"{user}'s busy machine was stopped"
+        why[user] = [s["source"] + ": " + s["text"] for s in (status(hub, user)["activity"] or {}).get("sources", [])]
+    assert any(w.startswith("gpu: GPU 0 (NVIDIA A100-PCIE-40GB) 87 % busy") for w in why["gus"]), why
+    assert any(w.startswith("ssh: SSH session of sam from 10.1.2.3") for w in why["sam"]), why
+    assert any(w.startswith("kernel: ") for w in why["kim"]), why
+    assert any(w.startswith("keepalive: kept running until") for w in why["kai"]), why
+
+    # The next start resumes the same machine.
+    hub.start_server("ivy", timeout=180)
+    assert cluster.core.read_namespaced_persistent_volume_claim("ivy-rootdisk", ns["ivy"]).metadata.uid == \
+        rootdisk_uid
