@@ -51,6 +51,12 @@ def status(hub: Hub, user: str) -> dict:
     return r.json()
 
 
+def capacity(hub: Hub) -> dict:
+    r = hub.http.get(f"{hub.url}{API}/capacity", timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
 def run_cell(hub: Hub, user: str, code: str):
     """Start a kernel on the user's server and send it one cell (Jupyter's kernel websocket), without
     waiting for the cell to finish."""
@@ -93,7 +99,9 @@ def test_idle_machines_are_stopped_busy_ones_are_not_and_the_service_says_why(hu
     hub.start_server("kai", timeout=180)
     r = hub.http.post(f"{hub.url}{API}/workstations/kai/keepalive", json={"minutes": 10}, timeout=30)
     assert r.status_code == 200, r.text
-    hub.start_server("ivy", timeout=180)
+    hub.start_server("ivy", profile="gpu-a100-1", timeout=180)
+    gpus = "nvidia.com/A100-PCIE-40GB"
+    assert capacity(hub)["gpus"][gpus] == 2  # gus's and ivy's
     rootdisk_uid = cluster.core.read_namespaced_persistent_volume_claim("ivy-rootdisk", ns["ivy"]).metadata.uid
 
     # The idle one: a deadline, a warning time before it, then the culler stops it.
@@ -103,6 +111,7 @@ def test_idle_machines_are_stopped_busy_ones_are_not_and_the_service_says_why(hu
     wait_for(lambda: cluster.vmi(ns["ivy"], "ivy-workstation") is None, 60, what="ivy's VMI gone")
     assert cluster.core.read_namespaced_persistent_volume_claim("ivy-rootdisk", ns["ivy"]).metadata.uid == \
         rootdisk_uid
+    assert capacity(hub)["gpus"][gpus] == 1  # ivy's GPU is free again
 
     # The busy ones outlive two timeouts, and the service says why.
     time.sleep(TIMEOUT)
@@ -116,6 +125,6 @@ def test_idle_machines_are_stopped_busy_ones_are_not_and_the_service_says_why(hu
     assert any(w.startswith("keepalive: kept running until") for w in why["kai"]), why
 
     # The next start resumes the same machine.
-    hub.start_server("ivy", timeout=180)
+    hub.start_server("ivy", profile="gpu-a100-1", timeout=180)
     assert cluster.core.read_namespaced_persistent_volume_claim("ivy-rootdisk", ns["ivy"]).metadata.uid == \
         rootdisk_uid
