@@ -1,5 +1,6 @@
 """Idle stops on the real hub, with the real jupyterhub-idle-culler (short timeouts), the proxy
-and the simulator: an idle machine is stopped (disks kept, GPU freed, the next start resumes it);
+and the simulator: an idle machine is stopped (disks kept, GPU freed, forced off when its guest
+ignores the shutdown, the next start resumes it);
 a busy GPU, an SSH session with recent input, a kernel running a long cell and a keep-alive keep a
 machine running, and the workstations service says why for each.
 
@@ -32,6 +33,7 @@ c.Workstations.idle_warn_before = 10
 c.KubeVirtSpawner.environment = {{"JUPYTERHUB_ACTIVITY_INTERVAL": "2"}}
 c.KubeVirtSpawner.args = ["--ContentsManager.allow_hidden=True", "--WorkstationActivity.interval=2"]
 c.Workstations.keepalive_interval = 1
+c.KubeVirtSpawner.stop_timeout = 5  # a guest that ignores its shutdown is forced off after 5 s
 """
 API = "/services/workstations/api/v1"
 
@@ -99,6 +101,8 @@ def test_idle_machines_are_stopped_busy_ones_are_not_and_the_service_says_why(hu
     hub.start_server("kai", timeout=180)
     r = hub.http.post(f"{hub.url}{API}/workstations/kai/keepalive", json={"minutes": 10}, timeout=30)
     assert r.status_code == 200, r.text
+    # ivy's guest ignores the shutdown (its grace period is 120 s): the stop forces it off.
+    cluster.sim_api("PUT", f"/vmis/{ns['ivy']}/ivy-workstation/guest", {"shutdownSeconds": 4000})
     hub.start_server("ivy", profile="gpu-a100-1", timeout=180)
     gpus = "nvidia.com/A100-PCIE-40GB"
     assert capacity(hub)["gpus"][gpus] == 2  # gus's and ivy's
@@ -108,7 +112,9 @@ def test_idle_machines_are_stopped_busy_ones_are_not_and_the_service_says_why(hu
     idle = status(hub, "ivy")["idle"]
     assert idle["timeout_seconds"] == TIMEOUT and idle["warn_at"] < idle["deadline"]
     wait_for(lambda: hub.server_model("ivy") is None, 3 * TIMEOUT, what="the culler to stop ivy's idle server")
-    wait_for(lambda: cluster.vmi(ns["ivy"], "ivy-workstation") is None, 60, what="ivy's VMI gone")
+    wait_for(lambda: cluster.vmi(ns["ivy"], "ivy-workstation") is None, 30, what="ivy's VMI forced off")
+    assert "ivy-workstation did not shut down within 5s: forcing it off" in hub.log()
+    cluster.sim_api("DELETE", f"/vmis/{ns['ivy']}/ivy-workstation/guest")
     assert cluster.core.read_namespaced_persistent_volume_claim("ivy-rootdisk", ns["ivy"]).metadata.uid == \
         rootdisk_uid
     assert capacity(hub)["gpus"][gpus] == 1  # ivy's GPU is free again
