@@ -245,6 +245,9 @@ export async function keepRunning(model: WorkstationModel): Promise<void> {
 export class IdleWarning {
   constructor(private readonly model: WorkstationModel) {
     model.changed.connect(this.update, this);
+    // The time to warn comes while nothing is fetched (a tab in the background polls nothing):
+    // the last known deadline is checked every second.
+    window.setInterval(() => this.update(), 1000);
   }
 
   update(): void {

@@ -25,11 +25,11 @@ from tornado.websocket import websocket_connect
 
 from simtools import wait_for
 
-TIMEOUT = 20
+TIMEOUT = 30
 EXTRA = f"""
 c.Workstations.idle_timeout = {TIMEOUT}  # the demo's config runs the culler with this policy
 c.Workstations.idle_cull_every = 2
-c.Workstations.idle_warn_before = 10
+c.Workstations.idle_warn_before = 20
 c.KubeVirtSpawner.environment = {{"JUPYTERHUB_ACTIVITY_INTERVAL": "2"}}
 c.KubeVirtSpawner.args = ["--ContentsManager.allow_hidden=True", "--WorkstationActivity.interval=2"]
 c.Workstations.keepalive_interval = 1
@@ -134,3 +134,41 @@ def test_idle_machines_are_stopped_busy_ones_are_not_and_the_service_says_why(hu
     hub.start_server("ivy", profile="gpu-a100-1", timeout=180)
     assert cluster.core.read_namespaced_persistent_volume_claim("ivy-rootdisk", ns["ivy"]).metadata.uid == \
         rootdisk_uid
+
+
+HIDE = """(hidden) => {
+  // the tab goes to the background (or comes back): JupyterLab's polls stand by while hidden
+  Object.defineProperty(document, 'visibilityState', {configurable: true, get: () => hidden ? 'hidden' : 'visible'});
+  document.dispatchEvent(new Event('visibilitychange'));
+}"""
+
+
+def test_the_lab_warns_before_an_idle_stop_and_keep_running_keeps_the_machine(hub: Hub, cluster: Cluster):
+    """A tab left in the background polls nothing, so the machine goes idle; the Lab warns at the
+    service's warn_at with "Keep running", whose keep-alive (reported to the hub's activity API,
+    which the culler reads) keeps the machine past its deadline."""
+    from playwright.sync_api import sync_playwright
+    from test_lab import CHROMIUM, login_and_start
+
+    user = "wes"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run"])
+        try:
+            page = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
+            page.set_default_timeout(60_000)
+            login_and_start(page, hub, user)
+            page.evaluate(HIDE, True)
+            warning = page.locator(".jp-toast-message", has_text="will be stopped")
+            warning.wait_for(timeout=TIMEOUT * 1000)
+            assert status(hub, user)["idle"]["warn_at"] <= status(hub, user)["idle"]["deadline"]
+            page.locator(".jp-toast-button", has_text="Keep running").click()
+            wait_for(lambda: status(hub, user)["keepalive_until"], 10, what="the keep-alive")
+            time.sleep(TIMEOUT + 5)  # past the deadline the warning named
+            assert (hub.server_model(user) or {}).get("ready"), "the kept machine was stopped"
+            why = status(hub, user)["activity"]["sources"]
+            assert any(s["source"] == "keepalive" for s in why), why
+        finally:
+            browser.close()
+    hub.stop_server(user)

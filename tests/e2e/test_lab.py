@@ -80,8 +80,25 @@ class Steps:
         self.page.screenshot(path=str(ARTIFACTS / f"{self.n:02d}-{name}.png"))
 
 
-def wait_for_lab(page, timeout: float = LONG):
-    page.wait_for_url(re.compile(rf"/user/{USER}/lab"), timeout=timeout)
+def login_and_start(page, hub: Hub, user: str, steps: "Steps | None" = None):
+    """Log in with the demo's password, take the default profile, land in JupyterLab."""
+    page.goto(f"{hub.url}/hub/login")
+    page.fill("#username_input", user)
+    page.fill("#password_input", DEMO_PASSWORD)
+    if steps:
+        steps.shot("login")
+    page.click("#login_submit")
+    page.wait_for_url(re.compile(r"/hub/spawn"))
+    if steps:
+        steps.shot("profiles")
+    page.locator("form#spawn_form input[type=submit], form#spawn_form button[type=submit]").first.click()
+    wait_for_lab(page, user=user)
+    if steps:
+        steps.shot("lab")
+
+
+def wait_for_lab(page, timeout: float = LONG, user: str = USER):
+    page.wait_for_url(re.compile(rf"/user/{user}/lab"), timeout=timeout)
     page.locator("#jp-main-dock-panel").wait_for(timeout=timeout)
     page.locator("#jupyterlab-splash").wait_for(state="detached", timeout=timeout)
 
@@ -172,16 +189,7 @@ def test_the_workstation_panel_in_a_browser(hub: Hub, cluster: Cluster, page):
     ns = f"notebook-{USER}"
 
     # log in; the hub shows the profile form, the default (CPU) profile starts the machine
-    page.goto(f"{hub.url}/hub/login")
-    page.fill("#username_input", USER)
-    page.fill("#password_input", DEMO_PASSWORD)
-    steps.shot("login")
-    page.click("#login_submit")
-    page.wait_for_url(re.compile(r"/hub/spawn"))
-    steps.shot("profiles")
-    page.locator("form#spawn_form input[type=submit], form#spawn_form button[type=submit]").first.click()
-    wait_for_lab(page)
-    steps.shot("lab")
+    login_and_start(page, hub, USER, steps)
 
     open_notebook(page)
     run_cell(page, "import os, platform; print('kernel on', platform.python_version(), os.getcwd())", "kernel on")
