@@ -12,6 +12,8 @@ import pytest
 import requests
 from kubernetes.client.rest import ApiException
 
+from kubevirt_spawner.guest.activity import BusyProcesses
+
 from kube_objects import CDI, KV, SNAP, clone_dv, vm
 from simtools import answers, api_client, http, sim_api, start_sim, wait_for
 
@@ -222,6 +224,18 @@ def test_guest_runs_jupyter_on_its_root_disk_behind_the_service(custom, core, ns
     kind, _pid, line, _id, user, host = struct.unpack_from("<h2xi32s4s32s256s", utmp)
     assert (kind, line.rstrip(b"\0"), user.rstrip(b"\0"), host.rstrip(b"\0")) == (7, b"pts/3", b"alice", b"10.0.0.5")
     assert 100 < time.time() - os.stat(os.path.join(root, "dev", "pts", "3")).st_atime < 140
+    # A busy process, as the guest's tools see it in /proc (proc(5): /proc/stat, /proc/PID/stat
+    # and status), its CPU time growing with the wall clock.
+    http(sim).put(f"{sim.url}/sim/v1/vmis/{ns}/g/processes", json={"processes": [
+        {"pid": 4242, "uid": 1000, "command": "python3 train.py", "cpu": 95}]})
+    processes = BusyProcesses(root, 1000)
+    assert processes.read(50) == []  # the first read only takes a sample
+    time.sleep(2.5)
+    [busy] = processes.read(50)
+    assert (busy.pid, busy.uid, busy.command) == (4242, 1000, "python3 train.py") and 80 < busy.cpu < 110
+    assert os.path.exists(os.path.join(root, "proc", "2000"))  # alice's session: her utmp record is not stale
+    http(sim).put(f"{sim.url}/sim/v1/vmis/{ns}/g/processes", json={"processes": []})
+    assert not os.path.exists(os.path.join(root, "proc"))
     http(sim).put(f"{sim.url}/sim/v1/vmis/{ns}/g/agent", json={"connected": False})
     r = agent(sim, ns, "g", "guestosinfo")
     assert r.status_code == 500 and r.headers["Content-Type"].startswith("text/plain")

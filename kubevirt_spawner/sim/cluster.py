@@ -172,6 +172,7 @@ class Cluster:
             for obj in self.store.list(rt):
                 queue.add(_key(obj))
         self._tasks.append(asyncio.get_running_loop().create_task(self.store.flush_forever()))
+        self._tasks.append(asyncio.get_running_loop().create_task(self.compute.refresh_guest_facts_forever()))
 
     async def stop(self):
         # The machines keep running while the simulator is down: nothing that happens to the

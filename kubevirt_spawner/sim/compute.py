@@ -12,7 +12,16 @@ from ..objects import WORKSPACE_DISK_SERIAL, WORKSPACE_MOUNT, field_value
 from . import errors
 from .admission import check_quota, gpu_requests
 from .conditions import condition, drop_condition, get_condition, set_condition
-from .guests import Guest, boot_problem, first_boot, guest_arguments, guest_environment, write_logins, write_nvidia_smi
+from .guests import (
+    Guest,
+    boot_problem,
+    first_boot,
+    guest_arguments,
+    guest_environment,
+    write_logins,
+    write_nvidia_smi,
+    write_processes,
+)
 from .launcher import POD, SCHEDULABLE_LABEL, Launchers, pod_ready
 from .resources import BY_KIND
 from .scheduler import node_ready, schedule
@@ -77,6 +86,7 @@ class Compute:
         self.agents: dict[tuple[str, str], bool] = {}  # agent connectivity override per VMI
         self.users: dict[tuple[str, str], list[dict]] = {}
         self.gpu_utilization: dict[tuple[str, str], float] = {}
+        self.processes: dict[tuple[str, str], list[dict]] = {}  # busy processes inside a guest
         # Per guest (by VM name), in seconds at speed 1: {"agentSeconds": float | None (never),
         # "shutdownSeconds": float}; the `agent` and `shutdown` timings otherwise.
         self.guest_behaviour: dict[tuple[str, str], dict] = {}
@@ -664,6 +674,18 @@ class Compute:
         gpus = ["NVIDIA " + g.get("deviceName", "GPU").rsplit("/", 1)[-1]
                 for g in field_value(vmi, "spec.domain.devices.gpus") or []]
         write_nvidia_smi(guest.bindir, gpus, self.gpu_utilization.get(key, 0.0))
+        cpus = int(float(field_value(vmi, "spec.domain.cpu.cores") or 1)) or 1
+        write_processes(guest.root, self.processes.get(key, []), self.users.get(key, []), guest.booted, cpus)
+
+    async def refresh_guest_facts_forever(self):
+        """A running process's CPU time grows: the guests with busy processes see it every second."""
+        while True:
+            await asyncio.sleep(1.0)
+            for key in [k for k, procs in self.processes.items() if procs and k in self.guests]:
+                try:
+                    self.write_guest_facts(key)
+                except OSError as exc:  # the machine's disk went away meanwhile
+                    log.debug("guest facts of %s/%s: %s", *key, exc)
 
     async def _launch(self, guest: Guest):
         key = guest.key

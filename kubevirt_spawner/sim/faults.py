@@ -4,6 +4,7 @@ inject and facts to read back."""
 from __future__ import annotations
 
 import re
+import time
 
 from . import errors
 from .server import FaultPicker
@@ -55,7 +56,7 @@ class Faults:
         m = re.match(r"^/vmis/([^/]+)/([^/]+)/guest$", path)
         if m:
             return self._guest_behaviour((m.group(1), m.group(2)), method, body)
-        m = re.match(r"^/vmis/([^/]+)/([^/]+)/(agent|users|gpu)$", path)
+        m = re.match(r"^/vmis/([^/]+)/([^/]+)/(agent|users|gpu|processes)$", path)
         if m:
             key = (m.group(1), m.group(2))
             what = m.group(3)
@@ -64,12 +65,16 @@ class Faults:
                     compute.agents[key] = bool(body.get("connected", True))
                 elif what == "users":
                     compute.users[key] = list(body.get("users") or [])
+                elif what == "processes":
+                    now = time.time()
+                    compute.processes[key] = [{**p, "since": p.get("since", now)} for p in body.get("processes") or []]
                 else:
                     compute.gpu_utilization[key] = float(body.get("utilization", 0))
                 compute.write_guest_facts(key)
                 self.c.vmi_queue.add(key)
             return {"agentConnected": compute.agents.get(key, True), "users": compute.users.get(key, []),
-                    "gpuUtilization": compute.gpu_utilization.get(key, 0.0)}
+                    "gpuUtilization": compute.gpu_utilization.get(key, 0.0),
+                    "processes": compute.processes.get(key, [])}
         if path == "/violations" and method == "GET":
             return {"violations": compute.violations}
         if path == "/requests":

@@ -105,6 +105,52 @@ def write_logins(root: str, users: list[dict], now: float | None = None):
         f.write(b"".join(records))
 
 
+USER_HZ = 100  # the kernel's clock ticks per second in /proc (sysconf(_SC_CLK_TCK) on Linux)
+
+
+def write_processes(root: str, processes: list[dict], logins: list[dict], booted: float, cpus: int,
+                    now: float | None = None):
+    """The guest's /proc as its process tools read it (proc(5)): the machine's CPU time in
+    /proc/stat and, per process, its CPU time in /proc/PID/stat and its owner in /proc/PID/status.
+    `processes`: {"pid", "uid", "command", "cpu" (percent of one CPU), "since" (epoch s)}; the login
+    sessions' processes are there too (their records in utmp are not stale). No processes: no /proc."""
+    proc = os.path.join(root, "proc")
+    if not processes:
+        shutil.rmtree(proc, ignore_errors=True)
+        return
+    now = time.time() if now is None else now
+    up = max(0.0, now - booted) * USER_HZ
+    busy = sum(max(0.0, now - float(p.get("since", now))) * float(p.get("cpu", 0)) / 100 * USER_HZ
+               for p in processes)
+    cpu_line = lambda user, idle: f"{int(user)} 0 0 {int(idle)} 0 0 0 0 0 0"  # noqa: E731
+    lines = [f"cpu  {cpu_line(busy, max(0.0, up * cpus - busy))}"]
+    lines += [f"cpu{i} {cpu_line(busy / cpus, max(0.0, up - busy / cpus))}" for i in range(cpus)]
+    os.makedirs(proc, exist_ok=True)
+    _write(os.path.join(proc, "stat"), "\n".join(lines) + "\n")
+    sessions = [{"pid": 2000 + n, "uid": 1000, "command": "bash", "cpu": 0} for n in range(len(logins))]
+    wanted = set()
+    for p in [*processes, *sessions]:
+        pid = int(p["pid"])
+        wanted.add(str(pid))
+        used = int(max(0.0, now - float(p.get("since", now))) * float(p.get("cpu", 0)) / 100 * USER_HZ)
+        start = int(max(0.0, float(p.get("since", booted)) - booted) * USER_HZ)
+        folder = os.path.join(proc, str(pid))
+        os.makedirs(folder, exist_ok=True)
+        _write(os.path.join(folder, "stat"), f"{pid} ({p.get('command', 'process')}) R 1 {pid} {pid} 0 -1 0 0 0 0 0 "
+                                              f"{used} 0 0 0 20 0 1 0 {start} 0 0\n")
+        uid = int(p.get("uid", 1000))
+        _write(os.path.join(folder, "status"), f"Name:\t{p.get('command', 'process')}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
+    for name in os.listdir(proc):
+        if name.isdigit() and name not in wanted:
+            shutil.rmtree(os.path.join(proc, name), ignore_errors=True)
+
+
+def _write(path: str, text: str):
+    with open(path + ".new", "w") as f:
+        f.write(text)
+    os.replace(path + ".new", path)
+
+
 def write_nvidia_smi(bindir: str, gpus: list[str], utilization: float):
     """An `nvidia-smi` for a guest with GPUs passed through: the query the guest package makes,
     answered as the NVIDIA driver's tool does (one `index, name, utilization` line per GPU);
@@ -161,6 +207,7 @@ class Guest:
         self.key, self.ip, self.root, self.env, self.args = key, ip, root, env, args
         self.log_path = log_path
         self.bindir = os.path.join(os.path.dirname(log_path), f"{key[0]}_{key[1]}.bin")  # on its PATH
+        self.booted = time.time()
         self.command = command
         self.proc: asyncio.subprocess.Process | None = None
         self.null_server: asyncio.AbstractServer | None = None
