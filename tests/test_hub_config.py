@@ -118,7 +118,8 @@ def test_a_bad_idle_policy_is_refused():
     from traitlets.config import Config
 
     from kubevirt_spawner.service import register_idle_culler
-    for bad in ({"timeout": 5}, {"timeout": 3600, "cull_every": 0}, {"timeout": 3600, "warn_before": -1}):
+    for bad in ({"timeout": 5}, {"timeout": 3600, "cull_every": 0}, {"timeout": 3600, "cull_every": 3601},
+                {"timeout": 3600, "warn_before": -1}, {"timeout": 600, "warn_before": 600}):
         c = Config()
         with pytest.raises(ValueError):
             register_idle_culler(c, **bad)

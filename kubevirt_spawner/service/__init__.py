@@ -67,8 +67,9 @@ def register_idle_culler(c, timeout: int, cull_every: int | None = None, warn_be
     `cull_every` seconds (default: a tenth of the timeout, at least 30 s). Users and named servers are
     never deleted. The workstations service learns the same policy, so the Lab can warn
     `warn_before` seconds before a stop."""
-    if timeout < 10 or (cull_every is not None and cull_every < 1) or warn_before < 0:
-        raise ValueError("idle culling: timeout is at least 10 s, cull_every at least 1 s, warn_before not negative")
+    if timeout < 10 or (cull_every is not None and not 1 <= cull_every <= timeout) or not 0 <= warn_before < timeout:
+        raise ValueError("idle culling: timeout is at least 10 s, cull_every from 1 s to the timeout, and "
+                         "warn_before from 0 to less than the timeout")
     every = cull_every or max(30, timeout // 10)
     # Called again on the same config, it replaces the policy.
     services = [s for s in (c.JupyterHub.services if "services" in c.JupyterHub else []) if s["name"] != CULLER_NAME]

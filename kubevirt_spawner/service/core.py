@@ -199,7 +199,8 @@ class Workstations(LoggingConfigurable):
             "snapshot_consistency": ("offline" if vmi is None else "application-consistent" if agent_connected
                                      else "crash-consistent"),
             "idle": self._idle(server, keepalive),
-            "activity": self._why_active(ident.user, ident.server, keepalive),
+            "activity": self._why_active(ident.user, ident.server, keepalive) if server and server.get("ready")
+            else None,  # (a stopped machine is busy with nothing)
         }
 
     def _why_active(self, user: str, server: str, keepalive: datetime | None) -> dict | None:
@@ -473,6 +474,7 @@ class Workstations(LoggingConfigurable):
         user, server = ws.ident.user, ws.ident.server
         await self._audited(caller, "stop", ws, self.hub.stop(user, server, ws.settings.stop_timeout + 60))
         self._keepalives.pop((user, server), None)
+        self._activity.pop((user, server), None)  # its guest's last word is about a machine that is gone
 
     async def _stop_in_background(self, caller: Caller, ws: Workstation):
         try:
