@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import sys
 
@@ -30,10 +31,8 @@ def _demo(args) -> int:
 
 def _service(args) -> int:
     from .service.web import serve
-    try:
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C (a hand-started service) is a normal end
         asyncio.run(serve(args.port, args.config, args.ip))
-    except KeyboardInterrupt:
-        pass
     return 0
 
 

@@ -3,6 +3,7 @@ a fake workstations service that records what it is sent."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -100,7 +101,7 @@ def start_fake_service() -> tuple[FakeService, ThreadingHTTPServer]:
         do_GET = do_POST = do_DELETE = handle_call
 
         def log_message(self, *args):
-            pass
+            """Quiet: the tests read the recorded calls, not a log."""
 
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     httpd.daemon_threads = True
@@ -142,11 +143,9 @@ class Server:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 pytest.fail(f"jupyter-server exited with {self.proc.returncode}:\n{self.log()}")
-            try:
+            with contextlib.suppress(requests.ConnectionError):  # not listening yet
                 if self.request("GET", "api/status").status_code == 200:
                     return
-            except requests.ConnectionError:
-                pass
             time.sleep(0.1)
         pytest.fail(f"jupyter-server did not answer in {timeout} s:\n{self.log()}")
 

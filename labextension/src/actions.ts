@@ -13,6 +13,17 @@ async function failed(error: unknown): Promise<void> {
   await showErrorMessage(TITLE, sentence);
 }
 
+/** Make the call; on failure show the service's sentence. Whether it succeeded. */
+async function attempt(call: () => Promise<unknown>): Promise<boolean> {
+  try {
+    await call();
+    return true;
+  } catch (error) {
+    await failed(error);
+    return false;
+  }
+}
+
 function ready(model: WorkstationModel): IInfo | null {
   if (!model.info || !model.info.configured) {
     void showErrorMessage(
@@ -44,14 +55,11 @@ export async function takeSnapshot(model: WorkstationModel): Promise<void> {
     buttons: [Dialog.cancelButton(), Dialog.okButton({ label: 'Take snapshot' })],
     focusNodeSelector: 'input'
   });
-  if (!result.button.accept || !result.value) {
+  const form = result.value;
+  if (!result.button.accept || !form) {
     return;
   }
-  try {
-    await api.takeSnapshot(result.value.name, result.value.note);
-  } catch (error) {
-    await failed(error);
-  }
+  await attempt(() => api.takeSnapshot(form.name, form.note));
   await model.refresh();
 }
 
@@ -71,11 +79,7 @@ export async function deleteSnapshot(model: WorkstationModel, name?: string): Pr
   if (!result.button.accept) {
     return;
   }
-  try {
-    await api.deleteSnapshot(name);
-  } catch (error) {
-    await failed(error);
-  }
+  await attempt(() => api.deleteSnapshot(name));
   await model.refresh();
 }
 
@@ -101,10 +105,7 @@ export async function restore(model: WorkstationModel, name?: string): Promise<v
   if (!result.button.accept) {
     return;
   }
-  try {
-    await api.restore(name);
-  } catch (error) {
-    await failed(error);
+  if (!(await attempt(() => api.restore(name)))) {
     return;
   }
   await follow(model, info, `Restoring ${name}. You will be taken back here when the workstation is up again.`);
@@ -142,10 +143,7 @@ export async function reset(model: WorkstationModel): Promise<void> {
     await showErrorMessage(TITLE, `You typed "${result.value ?? ''}", not "${expected}": nothing was changed.`);
     return;
   }
-  try {
-    await api.reset(expected);
-  } catch (error) {
-    await failed(error);
+  if (!(await attempt(() => api.reset(expected)))) {
     return;
   }
   await follow(model, info, 'Resetting the system. You will be taken back here when the workstation is up again.');
@@ -166,10 +164,7 @@ export async function stop(model: WorkstationModel): Promise<void> {
   if (!result.button.accept) {
     return;
   }
-  try {
-    await api.stop();
-  } catch (error) {
-    await failed(error);
+  if (!(await attempt(() => api.stop()))) {
     return;
   }
   const steps = new StepList('Stopping the workstation.');
@@ -232,10 +227,7 @@ export async function keepRunning(model: WorkstationModel): Promise<void> {
   if (!ready(model)) {
     return;
   }
-  try {
-    await api.keepalive(KEEP_RUNNING_MINUTES);
-  } catch (error) {
-    await failed(error);
+  if (!(await attempt(() => api.keepalive(KEEP_RUNNING_MINUTES)))) {
     return;
   }
   await model.refresh();
