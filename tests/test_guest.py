@@ -405,5 +405,7 @@ def test_the_guest_reports_why_its_machine_is_busy_with_its_own_token(fake, serv
     report = fake.activity_reports[0]
     assert report.method == "POST" and report.path == f"{SERVICE_PREFIX}api/v1/workstations/alice/servers/gpu/activity"
     assert report.headers["Authorization"] == f"token {SERVER_TOKEN}"
-    sources = json.loads(report.body)["sources"]  # (this machine's own logins and GPUs, if any)
+    body = json.loads(report.body)
+    sources = body["sources"]  # (this machine's own logins and GPUs, if any)
     assert isinstance(sources, list) and all({"source", "text", "since"} <= set(x) for x in sources)
+    assert body["every"] == 60.0  # the default interval: the service ages the report by it

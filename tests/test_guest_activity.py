@@ -168,13 +168,23 @@ def test_nvidia_smi_not_available_values(tmp_path):
     assert read_gpus(smi, 5) == [Gpu(0, "NVIDIA A100 MIG", None), Gpu(1, "Tesla K80", None), Gpu(2, "T4", 55.0)]
 
 
+def test_nvidia_smi_without_a_gpu_or_driver_is_no_gpu_source(tmp_path):
+    """nvidia-smi RETURN VALUE (man nvidia-smi): 6 = the query was unsuccessful ("No devices were
+    found"), 9 = the NVIDIA driver is not loaded ('NVIDIA-SMI has failed because it couldn't
+    communicate with the NVIDIA driver'): what a CPU-only VM cloned from a CUDA image answers.
+    No GPU, no source, and nothing to warn about."""
+    assert read_gpus(script(tmp_path, f'echo "{NVML_FAILED}"\nexit 9'), 5) is None
+    assert read_gpus(script(tmp_path, 'echo "No devices were found"\nexit 6'), 5) is None
+
+
 def test_nvidia_smi_failures(tmp_path):
-    """nvidia-smi RETURN VALUE (man nvidia-smi): 9 = driver not loaded, with 'NVIDIA-SMI has failed
-    because it couldn't communicate with the NVIDIA driver' on stdout; unknown output is not guessed at."""
-    smi = script(tmp_path, f'echo "{NVML_FAILED}"\nexit 9')
+    """nvidia-smi RETURN VALUE (man nvidia-smi): 15 = a GPU fell off the bus, a failure worth a
+    warning; unknown output is not guessed at."""
+    smi = script(tmp_path, 'echo "Unable to determine the device handle for GPU0000:3B:00.0: GPU is lost."\nexit 15')
     with pytest.raises(SourceError) as err:
         read_gpus(smi, 5)
-    assert str(err.value) == f"{smi} exited with 9 (NVIDIA driver not loaded): {NVML_FAILED}"
+    assert str(err.value) == (f"{smi} exited with 15 (GPU fell off the bus): Unable to determine the device handle "
+                              "for GPU0000:3B:00.0: GPU is lost.")
     garbage = smi_printing(tmp_path, "this is not csv\\n")
     with pytest.raises(SourceError, match="unexpected line: 'this is not csv'"):
         read_gpus(garbage, 5)
@@ -236,20 +246,42 @@ def test_sample_recent_ssh_and_console(tmp_path, no_gpu_path):
 
 def test_sample_gpus(tmp_path):
     """GPU utilisation from nvidia-smi (research notes §4): above gpu_threshold counts, below or
-    unknown (`[N/A]`) does not."""
+    unknown (`[N/A]`) does not; the text says when."""
     root = standard_machine(tmp_path, ssh_ago=None, console_ago=None)
     smi = smi_printing(tmp_path, "0, NVIDIA A100, 87\\n1, NVIDIA A100, 3\\n2, NVIDIA A100, [N/A]\\n")
     a = WorkstationActivity(root=str(root), nvidia_smi=smi)
-    assert a.sample(NOW) == [{"source": "gpu", "text": "GPU 0 (NVIDIA A100) 87 % busy", "since": None}]
+    at = time.strftime("%H:%M", time.localtime(NOW))
+    assert a.sample(NOW) == [{"source": "gpu", "text": f"GPU 0 (NVIDIA A100) 87 % busy at {at}", "since": None}]
     a.gpu_threshold = 90
     assert a.sample(NOW) == []
 
 
+def test_the_gpu_counts_by_its_mean_over_the_interval(tmp_path):
+    """nvidia-smi's utilization.gpu covers well under a second (man nvidia-smi: "over the past sample
+    period ... between 1 second and 1/6 second"), so the readings taken every gpu_sample_seconds
+    between two samples are averaged: a GPU busy in bursts counts by its mean, and the next
+    interval starts afresh."""
+    root = standard_machine(tmp_path, ssh_ago=None, console_ago=None)
+    values = tmp_path / "values"
+    values.write_text("100\n0\n20\n")
+    # each run prints the next value (the first line) and drops it
+    smi = script(tmp_path, f'v=$(head -n1 {values}); sed -i 1d {values}; echo "0, NVIDIA T4, $v"')
+    a = WorkstationActivity(root=str(root), nvidia_smi=smi, gpu_threshold=30)
+    a.read_gpus()
+    a.read_gpus()
+    (reason,) = a.sample(NOW)  # (100 + 0 + 20) / 3 = 40
+    assert reason["text"].startswith("GPU 0 (NVIDIA T4) 40 % busy at ")
+    values.write_text("35\n")
+    (reason,) = a.sample(NOW)  # only the reading since the last sample
+    assert reason["text"].startswith("GPU 0 (NVIDIA T4) 35 % busy at ")
+    assert act.average_gpus([[Gpu(0, "T4", None)], [Gpu(0, "T4", None)]]) == [Gpu(0, "T4", None)]
+
+
 def test_sample_failing_source_warns_once_per_reason(tmp_path, caplog):
-    """nvidia-smi exit 9 (driver not loaded, man nvidia-smi RETURN VALUE) is logged once, not every
+    """nvidia-smi exit 14 (infoROM corrupted, man nvidia-smi RETURN VALUE) is logged once, not every
     interval, and the other sources still count; a new reason is logged again."""
     root = standard_machine(tmp_path, ssh_ago=10)
-    smi = script(tmp_path, f'echo "{NVML_FAILED}"\nexit 9')
+    smi = script(tmp_path, 'echo "WARNING: infoROM is corrupted at gpu 0000:3B:00.0"\nexit 14')
     log = logging.getLogger("test_guest_activity")
     a = WorkstationActivity(root=str(root), nvidia_smi=smi, log=log)
     with caplog.at_level(logging.WARNING, logger=log.name):
@@ -259,8 +291,8 @@ def test_sample_failing_source_warns_once_per_reason(tmp_path, caplog):
         a.sample(NOW)
         a.sample(NOW)
     warnings = [r.getMessage() for r in caplog.records]
-    assert warnings == [f"Workstation activity: GPUs skipped: {smi} exited with 9 (NVIDIA driver not loaded): "
-                        f"{NVML_FAILED}",
+    assert warnings == [f"Workstation activity: GPUs skipped: {smi} exited with 14 (infoROM corrupted): "
+                        "WARNING: infoROM is corrupted at gpu 0000:3B:00.0",
                         f"Workstation activity: GPUs skipped: {smi} exited with 12 (NVML library not found)"]
 
 
@@ -395,11 +427,13 @@ async def test_a_kernel_running_a_cell_counts_and_every_sample_is_reported(tmp_p
     app = FakeServerApp(config=config, log=logging.getLogger("test_guest_activity"))
     kernels = {"k1": SimpleNamespace(execution_state="idle", kernel_name="python3"),
                "k2": SimpleNamespace(execution_state="busy", kernel_name="python3")}
-    app.kernel_manager = SimpleNamespace(list_kernel_ids=lambda: list(kernels), get_kernel=kernels.__getitem__)
+    app.web_app.settings["kernel_manager"] = SimpleNamespace(
+        list_kernel_ids=lambda: list(kernels), get_kernel=kernels.__getitem__)
     reported: list = []
 
-    async def reporter(reasons):
+    async def reporter(reasons, every):
         reported.append(reasons)
+        assert every == 3600.0
 
     a = act.start(cast(Any, app), reporter)
     try:
@@ -411,3 +445,33 @@ async def test_a_kernel_running_a_cell_counts_and_every_sample_is_reported(tmp_p
         assert reported[-2:] == [reasons, []]
     finally:
         a.stop()
+
+
+def test_jupyter_own_use_is_named_without_this_modules_key(tmp_path, no_gpu_path):
+    """Jupyter's own activity, as jupyter-server's ServerWebApplication.last_activity() counts it
+    (serverapp.py: every `*_last_activity` setting such as api_last_activity and
+    terminal_last_activity, last_activity_times, the kernel manager's last_kernel_activity), is a
+    source while it is within the interval; the server's start and this module's own key are not."""
+    from datetime import timedelta, timezone
+    now = datetime.now(timezone.utc)
+    a = WorkstationActivity(root=str(tmp_path), interval=60)
+    settings: dict = {"started": now, act.LAST_ACTIVITY_KEY: now, "last_activity_times": {},
+                      "kernel_manager": SimpleNamespace(last_kernel_activity=now - timedelta(hours=1))}
+    assert a.jupyter_in_use(settings, now) == []
+    settings["terminal_last_activity"] = now - timedelta(seconds=30)
+    (reason,) = a.jupyter_in_use(settings, now)
+    clock = (now - timedelta(seconds=30)).astimezone().strftime("%H:%M")
+    assert reason == {"source": "jupyter", "text": f"Jupyter in use, last at {clock}", "since": None}
+    settings["terminal_last_activity"] = now - timedelta(seconds=61)
+    assert a.jupyter_in_use(settings, now) == []
+    settings["last_activity_times"] = {"GET /api/contents": now - timedelta(seconds=5)}
+    assert len(a.jupyter_in_use(settings, now)) == 1
+
+
+def test_a_multiplexers_window_is_local_not_ssh():
+    """libutempter records a tmux/screen window with the multiplexer as its host (`tmux(1234).%0`),
+    and a local X terminal with the display (`:0`): console sessions, not remote logins."""
+    def kind(host: str) -> str:
+        return act.Login(user="a", line="pts/3", host=host, pid=1, login_time=NOW, idle=1).kind
+    assert kind("tmux(1234).%0") == "console" and kind(":0") == "console" and kind("") == "console"
+    assert kind("10.0.0.5") == "ssh" and kind("laptop.example.org") == "ssh"

@@ -59,22 +59,34 @@ def test_the_page_follows_until_the_server_is_back_and_stops_following_at_an_end
     assert not _refresh(view(None, ready=True), "")  # not following
 
 
-def test_the_guest_says_why_its_machine_is_busy_and_bad_reports_change_nothing():
+def test_a_guest_report_is_checked_and_the_why_ages_with_the_guests_interval():
+    """The guest names its sources (never a keep-alive: that is the service's own) and when it reports
+    next; a report older than three of its intervals no longer holds (the guest stopped reporting),
+    and with no reason left the status says since when the machine is idle."""
     import pytest
 
-    from kubevirt_spawner.service.core import ServiceError
-    core = Workstations(hub=None)
-    guest = Caller("alice", False, frozenset({"alice/"}))
-    reasons = [{"source": "gpu", "text": "GPU 0 (NVIDIA A100-PCIE-40GB) 87 % busy", "since": None},
+    from kubevirt_spawner.service.core import ServiceError, check_activity_report
+    reasons = [{"source": "gpu", "text": "GPU 0 (NVIDIA A100-PCIE-40GB) 87 % busy at 10:42", "since": None},
                {"source": "ssh", "text": "SSH session of alice from 10.0.0.5", "since": "2026-11-30T09:10:00Z"}]
-    assert "recorded" in core.report_activity(guest, "alice", "", reasons)
-    assert core._activity[("alice", "")]["sources"] == reasons
-    for bad in (None, "busy", [{"source": "magic", "text": "x"}], [{"source": "gpu"}], [{"source": "gpu",
-                "text": "x" * 301}], [{"source": "gpu", "text": "x", "since": 5}] , [reasons[0]] * 21):
+    check_activity_report(reasons, 60)
+    check_activity_report([], 60)
+    for bad in (None, "busy", [{"source": "magic", "text": "x"}], [{"source": "keepalive", "text": "x"}],
+                [{"source": "gpu"}], [{"source": "gpu", "text": "x" * 301}], [{"source": "gpu", "text": "x", "since": 5}],
+                [reasons[0]] * 21):
         with pytest.raises(ServiceError) as err:
-            core.report_activity(guest, "alice", "", bad)
-        assert err.value.status == 400
-    assert core._activity[("alice", "")]["sources"] == reasons
-    with pytest.raises(ServiceError) as err:  # a server's token speaks for its own machine only
-        core.report_activity(guest, "alice", "gpu", reasons)
-    assert err.value.status == 403
+            check_activity_report(bad, 60)
+        assert err.value.status == 400 and '"sources" is a list' in err.value.message
+    for every in (None, 0, 3601, "60", True):
+        with pytest.raises(ServiceError) as err:
+            check_activity_report(reasons, every)
+        assert err.value.status == 400 and '"every"' in err.value.message
+
+    core = Workstations(hub=None)
+    at = datetime(2026, 11, 30, 10, 0, tzinfo=timezone.utc)
+    core._activity[("alice", "")] = {"at": at, "every": 60, "sources": reasons}
+    fresh = core._why_active("alice", "", RUNNING, None, now=at + timedelta(seconds=179))
+    assert fresh == {"reported": "2026-11-30T10:00:00Z", "sources": reasons, "idle_since": None}
+    stale = core._why_active("alice", "", RUNNING, None, now=at + timedelta(seconds=181))
+    assert stale == {"reported": None, "sources": [], "idle_since": RUNNING["last_activity"]}
+    kept = core._why_active("alice", "", RUNNING, at + timedelta(minutes=30), now=at + timedelta(seconds=181))
+    assert [s["source"] for s in kept["sources"]] == ["keepalive"] and kept["idle_since"] is None

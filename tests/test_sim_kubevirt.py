@@ -186,6 +186,13 @@ def test_start_stop_answers_like_virt_api(custom, ns, sim):
 
 
 def test_guest_runs_jupyter_on_its_root_disk_behind_the_service(custom, core, ns, sim):
+    """The guest: a Jupyter server on the VM's root disk behind its Service, with its Secret's
+    environment; the guest agent's calls as virt-handler answers them, the userlist as KubeVirt's
+    VirtualMachineInstanceGuestOSUser (staging/src/kubevirt.io/api/core/v1/types.go: userName,
+    domain, loginTime). Inside it, what a Linux guest keeps: login records in /run/utmp as glibc's
+    struct utmp (bits/utmp.h), the last input on a tty as its atime (procps w.c takes the idle time
+    from it), busy processes in /proc (proc(5): /proc/stat, /proc/PID/stat, /proc/PID/status). The
+    fault API refuses a body no guest could have, and then nothing changes."""
     core.create_namespaced_secret(ns, {"metadata": {"name": "env"}, "stringData": {"GREETING": "hello"}})
     make_disk(custom, ns, "g-disk")
     custom.create_namespaced_custom_object(*KV, ns, "virtualmachines", vm("g", "g-disk", secret="env"))
@@ -234,6 +241,21 @@ def test_guest_runs_jupyter_on_its_root_disk_behind_the_service(custom, core, ns
     [busy] = processes.read(50)
     assert (busy.pid, busy.uid, busy.command) == (4242, 1000, "python3 train.py") and 80 < busy.cpu < 110
     assert os.path.exists(os.path.join(root, "proc", "2000"))  # alice's session: her utmp record is not stale
+    for what, body in (("processes", {"processes": [{"pid": 4243, "cpu": "x"}]}),
+                       ("processes", {"processes": [{"command": "no pid", "cpu": 5}]}),
+                       ("processes", {"processes": [{"pid": 4242}, {"pid": 4242}]}),
+                       ("processes", ["not", "an", "object"]),
+                       ("users", {"users": [{"userName": "eve", "tty": "../../etc/passwd"}]}),
+                       ("users", {"users": [{"host": "10.0.0.6"}]}),
+                       ("gpu", {"utilization": "lots"})):
+        r = http(sim).put(f"{sim.url}/sim/v1/vmis/{ns}/g/{what}", json=body)
+        assert r.status_code == 400, (body, r.text)
+    assert "cpu wrong or missing" in http(sim).put(f"{sim.url}/sim/v1/vmis/{ns}/g/processes", json={
+        "processes": [{"pid": 4243, "cpu": "x"}]}).json()["message"]
+    facts = sim_api(sim, "GET", f"/vmis/{ns}/g/processes")
+    assert [p["pid"] for p in facts["processes"]] == [4242] and [u["userName"] for u in facts["users"]] == ["alice"]
+    assert facts["gpuUtilization"] == 0.0
+    assert sorted(os.listdir(os.path.join(root, "proc"))) == ["2000", "4242", "stat"]
     http(sim).put(f"{sim.url}/sim/v1/vmis/{ns}/g/processes", json={"processes": []})
     assert not os.path.exists(os.path.join(root, "proc"))
     http(sim).put(f"{sim.url}/sim/v1/vmis/{ns}/g/agent", json={"connected": False})
@@ -252,6 +274,12 @@ def test_guest_runs_jupyter_on_its_root_disk_behind_the_service(custom, core, ns
 
 
 def test_gpu_scheduling_and_capacity_release(custom, core, sim):
+    """GPUs as the scheduler counts a device plugin's resource, with its FitError message
+    (pkg/scheduler/framework/types.go; Insufficient from plugins/noderesources/fit.go, the node
+    affinity reason from plugins/nodeaffinity/node_affinity.go). Inside a guest with one passed
+    through, the nvidia-smi the driver installs answers a query as the nvidia-smi man page
+    describes it (--query-gpu with --format=csv,noheader,nounits: one line per GPU) and refuses
+    what it does not know with a RETURN VALUE other than 0."""
     ns = "gpus"
     core.create_namespace({"metadata": {"name": ns}})
     running_vm(sim, custom, ns, "gpu1", gpu=True)
@@ -279,6 +307,71 @@ def test_gpu_scheduling_and_capacity_release(custom, core, sim):
     assert subprocess.run([smi, "-q"], capture_output=True).returncode == 2
     assert action(sim, ns, "gpu1", "stop").status_code == 202
     wait_for(lambda: vm_status(custom, ns, "gpu3") == "Running", what="gpu3 gets the freed GPU")
+
+
+def test_what_a_guest_keeps_in_memory_is_not_on_its_disk(custom, core, sim, caplog):
+    """A Linux guest's /run is a tmpfs, /dev a devtmpfs with devpts, /proc a procfs (systemd's
+    file-hierarchy(7); proc(5)): none of it is on the root disk, so none outlives a power-off and
+    each boot starts without it. A reboot ends login sessions and processes: the fault API's facts
+    of a VMI go with it. A machine without a GPU still has the CUDA image's nvidia-smi, which fails
+    as the nvidia-smi man page says it does with no driver loaded (RETURN VALUE 9)."""
+    ns = "runtime"
+    core.create_namespace({"metadata": {"name": ns}})
+    running_vm(sim, custom, ns, "rt")
+    pvc = core.read_namespaced_persistent_volume_claim("rt-disk", ns)
+    root = os.path.join(sim.cluster.state_dir, "volumes", pvc.spec.volume_name)
+    wait_for(lambda: os.path.exists(os.path.join(root, "run", "utmp")), what="the guest's /run")
+    smi = os.path.join(sim.cluster.state_dir, "guests", f"{ns}_rt.bin", "nvidia-smi")
+    done = subprocess.run([smi, "--query-gpu=index,name,utilization.gpu", "--format=csv,noheader,nounits"],
+                          capture_output=True, text=True)
+    assert (done.returncode, done.stdout) == (9, "")
+    assert done.stderr == ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+                           "Make sure that the latest NVIDIA driver is installed and running.\n")
+
+    # Facts the fault API would refuse, put there behind its back, do not end the CPU-time refreshes.
+    sim.call(lambda: sim.cluster.compute.processes.__setitem__((ns, "rt"), [{"pid": 78, "cpu": "x"}]))
+    wait_for(lambda: "guest facts of runtime/rt could not be refreshed" in caplog.text, what="the refresh's log")
+    sim_api(sim, "PUT", f"/vmis/{ns}/rt/processes", {"processes": [{"pid": 77, "uid": 1000, "command": "make",
+                                                                   "cpu": 90}]})
+    sim_api(sim, "PUT", f"/vmis/{ns}/rt/users", {"users": [{"userName": "bob", "tty": "pts/1", "host": "10.0.0.7"}]})
+    sim_api(sim, "PUT", f"/vmis/{ns}/rt/gpu", {"utilization": 40})
+    processes = BusyProcesses(root, 1000)
+    assert processes.read(50) == []
+    time.sleep(2.5)
+    assert [p.pid for p in processes.read(50)] == [77]
+    for path in ("run/utmp", "dev/pts/1", "proc/77/stat"):
+        assert os.path.exists(os.path.join(root, path)), path
+
+    assert action(sim, ns, "rt", "stop").status_code == 202
+    wait_for(lambda: get(custom, KV, ns, "virtualmachineinstances", "rt") is None, what="stopped")
+    assert [d for d in ("run", "dev", "proc") if os.path.exists(os.path.join(root, d))] == []
+    assert os.path.exists(os.path.join(root, "etc", "machine-id"))  # the disk itself stays
+    facts = sim_api(sim, "GET", f"/vmis/{ns}/rt/users")
+    assert (facts["users"], facts["processes"], facts["gpuUtilization"]) == ([], [], 0.0)
+
+    assert action(sim, ns, "rt", "start").status_code == 202
+    wait_for(lambda: os.path.exists(os.path.join(root, "run", "utmp")), what="the next boot's /run")
+    assert os.path.getsize(os.path.join(root, "run", "utmp")) == 0
+    assert not os.path.exists(os.path.join(root, "dev")) and not os.path.exists(os.path.join(root, "proc"))
+    action(sim, ns, "rt", "stop", {"gracePeriod": 0})
+
+
+def test_a_copy_of_a_disk_leaves_out_what_the_guest_keeps_in_memory(tmp_path):
+    """A CDI clone or a CSI snapshot copies the disk (pkg/controller/clone in CDI; the RBD image
+    in ceph-csi), and a root filesystem's /run, /dev and /proc are not on it (systemd's
+    file-hierarchy(7): tmpfs, devtmpfs, procfs; proc(5)). On a disk that is no root filesystem
+    (no /etc), such as the workspace on /home, a directory of those names is data."""
+    from kubevirt_spawner.sim.storage import copy_tree
+    root, home = tmp_path / "root", tmp_path / "home"
+    for rel in ("etc/hostname", "opt/data", "run/utmp", "dev/pts/0", "proc/stat"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("x")
+    (home / "dev").mkdir(parents=True)
+    (home / "dev" / "notes.txt").write_text("mine")
+    copy_tree(str(root), str(tmp_path / "clone"))
+    assert sorted(os.listdir(tmp_path / "clone")) == ["etc", "opt"]
+    copy_tree(str(home), str(tmp_path / "home-copy"))
+    assert (tmp_path / "home-copy" / "dev" / "notes.txt").read_text() == "mine"
 
 
 def test_delete_vm_keeps_standalone_pvc(custom, core, ns, sim):
@@ -431,7 +524,8 @@ def test_snapshot_indications_and_restores(custom, core, sim):
     """Indications as pkg/storage/snapshot/snapshot.go sets them; restores as pkg/storage/snapshot/
     restore.go makes them: in place, a DataVolume's claim is deleted and made again under its name
     from the VolumeSnapshot (populatedFor the DataVolume, which adopts it and is marked
-    prePopulated); RandomizeNames (the default) makes a new claim owned by the VM."""
+    prePopulated); RandomizeNames (the default) makes a new claim owned by the VM. A snapshot of a
+    running machine holds its disk, not the guest's in-memory /run (systemd's file-hierarchy(7))."""
     ns = "snaps"
     core.create_namespace({"metadata": {"name": ns}})
     running_vm(sim, custom, ns, "w")
@@ -439,6 +533,7 @@ def test_snapshot_indications_and_restores(custom, core, sim):
     root = os.path.join(sim.cluster.state_dir, "volumes", pvc.spec.volume_name)
     open(os.path.join(root, "opt", "state.txt"), "w").write("before")
     wait_for(lambda: agent(sim, ns, "w", "guestosinfo").status_code == 200, what="agent")
+    assert os.path.exists(os.path.join(root, "run", "utmp"))
 
     def snapshot(name):
         custom.create_namespaced_custom_object(*SNAP, ns, "virtualmachinesnapshots", {
@@ -488,6 +583,7 @@ def test_snapshot_indications_and_restores(custom, core, sim):
     assert dv["status"]["phase"] == "Succeeded"
     root = os.path.join(sim.cluster.state_dir, "volumes", again.spec.volume_name)
     assert open(os.path.join(root, "opt", "state.txt")).read() == "before"
+    assert not os.path.exists(os.path.join(root, "run"))  # taken while running: the disk, not its /run
     assert "restoreInProgress" not in (custom.get_namespaced_custom_object(*KV, ns, "virtualmachines", "w")
                                        .get("status") or {})
     # RandomizeNames (the default): a new claim owned by the VM, the VM rewritten to use it.

@@ -8,10 +8,14 @@ jupyter-server's `last_activity()` takes every setting ending in `_last_activity
 jupyterhub-singleuser reports that to the hub, so the idle culler sees the machine as in use.
 
 Sources:
+    jupyter  what jupyter-server itself counts (API use, kernel messages, terminal I/O), less this module's
+             own key.
+    kernels  kernels busy running a cell (a long silent cell sends no messages).
     logins   utmp (`/run/utmp`, glibc's `struct utmp`), USER_PROCESS records; the idle time is
              now - atime of the login's tty (`/dev/pts/0`), as `w` computes it (the kernel bumps
              a tty's atime on input, its mtime on output, in 8-second steps).
-    GPUs     `nvidia-smi --query-gpu=index,name,utilization.gpu --format=csv,noheader,nounits`.
+    GPUs     `nvidia-smi --query-gpu=index,name,utilization.gpu --format=csv,noheader,nounits`, read every
+             `gpu_sample_seconds` and averaged over the interval (one reading covers well under a second).
     CPU      `/proc/<pid>/stat` utime+stime of processes with uid >= min_uid between two samples,
              against `/proc/stat`'s total (both in USER_HZ ticks, so the tick rate cancels out).
 A source that fails is skipped (never counted as activity) and its reason logged once.
@@ -20,12 +24,15 @@ A source that fails is skipped (never counted as activity) and its reason logged
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import re
 import shutil
 import struct
 import subprocess
+import threading
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -56,12 +63,17 @@ NVIDIA_SMI_EXITS = {
     2: "invalid argument",
     3: "operation not available on this device",
     4: "no permission",
-    6: "query unsuccessful (no GPU?)",
-    9: "NVIDIA driver not loaded",
     12: "NVML library not found",
     14: "infoROM corrupted",
     15: "GPU fell off the bus",
 }
+
+# nvidia-smi's exits on a machine without a usable GPU (man nvidia-smi, RETURN VALUE): 6 "the query was
+# unsuccessful" (no devices were found), 9 "the NVIDIA driver is not loaded" (a CPU-only VM from a CUDA image).
+NVIDIA_SMI_NO_GPU = frozenset({6, 9})
+
+# libutempter's host for a terminal multiplexer's window, e.g. `tmux(1234).%0`: local, not a remote login.
+MULTIPLEXER_HOST = re.compile(r"^[\w.-]+\(\d+\)")
 
 NOBODY_UID = 65534  # uid >= min_uid, but nobody's processes are no one's work
 
@@ -95,8 +107,9 @@ class Login:
 
     @property
     def kind(self) -> str:
-        # `:0` and the like: a local X display's terminal (libutempter), not a remote login
-        return "ssh" if self.host and not self.host.startswith(":") else "console"
+        # `:0` (a local X display's terminal) or `tmux(123).%0` (a multiplexer's window): local
+        local = not self.host or self.host.startswith(":") or MULTIPLEXER_HOST.match(self.host)
+        return "console" if local else "ssh"
 
 
 def read_logins(root: str, now: float) -> list[Login]:
@@ -155,8 +168,9 @@ class Gpu:
 def read_gpus(nvidia_smi: str | None, timeout: float) -> list[Gpu] | None:
     """Every GPU's utilisation from nvidia-smi (`nvidia_smi`: its path; None: found on PATH).
 
-    None when there is no nvidia-smi on PATH (no GPU source); raises SourceError when it is
-    configured but missing, exits non-zero, takes longer than `timeout` s or prints something else."""
+    None when there is no nvidia-smi on PATH or it finds no GPU or driver (no GPU source); raises
+    SourceError when it is configured but missing, fails otherwise, takes longer than `timeout` s or
+    prints something else."""
     if nvidia_smi is None:
         exe = shutil.which("nvidia-smi")
         if exe is None:
@@ -173,6 +187,8 @@ def read_gpus(nvidia_smi: str | None, timeout: float) -> list[Gpu] | None:
     except OSError as err:
         raise SourceError(f"cannot run {exe}: {err.strerror or err}") from err
     out = done.stdout.decode("utf-8", "replace")
+    if done.returncode in NVIDIA_SMI_NO_GPU:
+        return None
     if done.returncode != 0:
         said = (done.stderr.decode("utf-8", "replace").strip() or out.strip()).splitlines()
         meaning = NVIDIA_SMI_EXITS.get(done.returncode)
@@ -287,15 +303,14 @@ class BusyProcesses:
         return None
 
     def _user_names(self) -> dict[int, str]:
+        """uid -> name from /etc/passwd; without one, processes are shown with their uid."""
         names: dict[int, str] = {}
-        try:
+        with contextlib.suppress(OSError):
             with open(os.path.join(self.root, "etc", "passwd")) as f:
                 for line in f:
                     parts = line.split(":")
                     if len(parts) > 2 and parts[2].isdigit():
                         names.setdefault(int(parts[2]), parts[0])
-        except OSError:
-            pass
         return names
 
 
@@ -312,15 +327,44 @@ def _ago(seconds: float) -> str:
     return "just now" if seconds < 60 else f"{round(seconds / 60)} min ago"
 
 
+def _clock(ts: float) -> str:
+    return time.strftime("%H:%M", time.localtime(ts))
+
+
+def average_gpus(readings: list[list[Gpu]]) -> list[Gpu]:
+    """Each GPU's mean utilisation over `readings` (those that knew it), in index order."""
+    seen: dict[int, tuple[str, list[float]]] = {}
+    for reading in readings:
+        for gpu in reading:
+            values = seen.setdefault(gpu.index, (gpu.name, []))[1]
+            if gpu.utilization is not None:
+                values.append(gpu.utilization)
+    return [Gpu(index=index, name=name, utilization=sum(values) / len(values) if values else None)
+            for index, (name, values) in sorted(seen.items())]
+
+
+def jupyter_last_activity(settings: Mapping[str, Any]) -> datetime | None:
+    """When Jupyter itself was last used, as jupyter-server's `last_activity()` counts it (API
+    requests, kernel messages, terminal I/O: every `*_last_activity` setting and
+    `last_activity_times`), without the server's start and this module's own key."""
+    moments = [v for k, v in settings.items() if k.endswith("_last_activity") and k != LAST_ACTIVITY_KEY]
+    moments += list((settings.get("last_activity_times") or {}).values())
+    kernels = settings.get("kernel_manager")
+    moments.append(getattr(kernels, "last_kernel_activity", None))
+    return max((m for m in moments if isinstance(m, datetime)), default=None)
+
+
 class WorkstationActivity(LoggingConfigurable):
-    """Whether someone uses this machine outside Jupyter (`c.WorkstationActivity.*`)."""
+    """Whether someone uses this machine (`c.WorkstationActivity.*`)."""
 
     root = Unicode(help="The machine's root directory. Default: $KUBEVIRT_SIM_MACHINE_ROOT (the "
                         "simulator's machine directory), else /.").tag(config=True)
-    interval = Float(60.0, help="Seconds between samples.").tag(config=True)
+    interval = Float(60.0, help="Seconds between samples (and reports to the workstations service).").tag(config=True)
     login_idle_seconds = Float(600.0, help="A login (SSH, console) counts while its terminal had input "
                                            "within this many seconds.").tag(config=True)
-    gpu_threshold = Float(10.0, help="A GPU counts while its utilisation is above this percentage.").tag(config=True)
+    gpu_threshold = Float(10.0, help="A GPU counts while its mean utilisation over the interval is above this "
+                                     "percentage.").tag(config=True)
+    gpu_sample_seconds = Float(5.0, help="Seconds between GPU readings within an interval.").tag(config=True)
     cpu_threshold = Float(0.0, help="A user's process counts while it uses more than this percentage of one "
                                     "CPU between two samples; 0: processes are not looked at.").tag(config=True)
     min_uid = Integer(1000, help="The lowest uid of a user (for cpu_threshold).").tag(config=True)
@@ -336,11 +380,13 @@ class WorkstationActivity(LoggingConfigurable):
         super().__init__(**kwargs)
         self._warned: set[tuple[str, str]] = set()
         self._processes: BusyProcesses | None = None
-        self._periodic: PeriodicCallback | None = None
+        self._periodics: list[PeriodicCallback] = []
         self._sampling = False
-        # gets every sample's reasons (the workstations service shows them)
-        self.reporter: Callable[[list[dict[str, Any]]], Awaitable[None]] | None = None
-        self.kernel_manager: Any = None  # the server's, whose busy kernels count
+        self._gpu_lock = threading.Lock()  # readings come from executor threads
+        self._gpu_readings: list[list[Gpu]] = []
+        self._has_gpus = True  # until nvidia-smi says otherwise: then only each sample looks again
+        # gets every sample's reasons and the interval (the workstations service shows them)
+        self.reporter: Callable[[list[dict[str, Any]], float], Awaitable[None]] | None = None
 
     def _failed(self, source: str, err: SourceError) -> None:
         """Log a source's failure once per distinct reason, not every interval."""
@@ -348,9 +394,21 @@ class WorkstationActivity(LoggingConfigurable):
             self._warned.add((source, str(err)))
             self.log.warning("Workstation activity: %s skipped: %s", source, err)
 
+    def read_gpus(self) -> None:
+        """One reading of the GPUs into those the next sample averages. Blocks."""
+        try:
+            gpus = read_gpus(self.nvidia_smi or None, self.gpu_timeout)
+        except SourceError as err:
+            self._failed("GPUs", err)
+            gpus = None
+        self._has_gpus = bool(gpus)
+        if gpus:
+            with self._gpu_lock:
+                self._gpu_readings.append(gpus)
+
     def sample(self, now: float | None = None) -> list[dict[str, Any]]:
-        """Why the machine counts as active right now: `{"source", "text", "since"}` each; [] when idle.
-        Blocks (reads files, runs nvidia-smi): the server calls it off its event loop."""
+        """Why the machine counts as active outside Jupyter: `{"source", "text", "since"}` each; []
+        when idle. Blocks (reads files, runs nvidia-smi): the server calls it off its event loop."""
         now = time.time() if now is None else now
         reasons: list[dict[str, Any]] = []
         try:
@@ -367,15 +425,13 @@ class WorkstationActivity(LoggingConfigurable):
                             "text": f"{what} of {login.user} {where} since {_since(login.login_time, now)} "
                                     f"(input {_ago(login.idle)})",
                             "since": _iso(login.login_time)})
-        try:
-            gpus = read_gpus(self.nvidia_smi or None, self.gpu_timeout)
-        except SourceError as err:
-            self._failed("GPUs", err)
-            gpus = None
-        for gpu in gpus or []:
+        self.read_gpus()
+        with self._gpu_lock:
+            readings, self._gpu_readings = self._gpu_readings, []
+        for gpu in average_gpus(readings):
             if gpu.utilization is not None and gpu.utilization > self.gpu_threshold:
-                reasons.append({"source": "gpu", "text": f"GPU {gpu.index} ({gpu.name}) {gpu.utilization:g} % busy",
-                                "since": None})
+                reasons.append({"source": "gpu", "text": f"GPU {gpu.index} ({gpu.name}) {gpu.utilization:.0f} % "
+                                                         f"busy at {_clock(now)}", "since": None})
         if self.cpu_threshold > 0:
             if self._processes is None or self._processes.root != self.root:
                 self._processes = BusyProcesses(self.root, self.min_uid)
@@ -390,9 +446,16 @@ class WorkstationActivity(LoggingConfigurable):
                                                          f"{p.cpu:.0f} % of a CPU", "since": None})
         return reasons
 
+    def jupyter_in_use(self, settings: Mapping[str, Any], now: datetime) -> list[dict[str, Any]]:
+        """Jupyter's own use within the last interval (it is in last_activity already)."""
+        last = jupyter_last_activity(settings)
+        if last is None or (now - last).total_seconds() > self.interval:
+            return []
+        return [{"source": "jupyter", "text": f"Jupyter in use, last at {_clock(last.timestamp())}", "since": None}]
+
     async def update(self, settings: MutableMapping[str, Any]) -> list[dict[str, Any]] | None:
-        """One sample, off the event loop, into the web application's `settings`; None when the
-        previous sample is still running."""
+        """One sample, off the event loop, into the web application's `settings`, then to the
+        reporter; None when the previous sample is still running."""
         if self._sampling:
             return None
         self._sampling = True
@@ -403,50 +466,61 @@ class WorkstationActivity(LoggingConfigurable):
             return None
         finally:
             self._sampling = False
-        if self.kernel_manager is not None:
-            reasons += self.busy_kernels(self.kernel_manager)
+        if settings.get("kernel_manager") is not None:
+            reasons += busy_kernels(settings["kernel_manager"])
         now = datetime.now(timezone.utc)  # tz-aware, like jupyter-server's own *_last_activity
         if reasons:
             settings[LAST_ACTIVITY_KEY] = now
+        reasons = self.jupyter_in_use(settings, now) + reasons
         previous = settings.get(REASONS_KEY)
         if bool(reasons) != bool(previous and previous.get("reasons")):
             self.log.info("Workstation activity: %s", "; ".join(r["text"] for r in reasons) or "idle")
         settings[REASONS_KEY] = {"time": now.isoformat(), "reasons": reasons}
         if self.reporter is not None:
-            await self.reporter(reasons)
+            try:
+                await self.reporter(reasons, self.interval)
+            except Exception:
+                self.log.exception("Workstation activity: reporting failed")
         return reasons
 
-    def busy_kernels(self, kernel_manager: Any) -> list[dict[str, Any]]:
-        """Kernels running a cell: busy without output is still work (jupyter-server counts only
-        kernel messages as activity, so a long silent cell would look idle)."""
-        reasons = []
-        for kernel_id in list(kernel_manager.list_kernel_ids()):
-            kernel = kernel_manager.get_kernel(kernel_id)
-            if getattr(kernel, "execution_state", None) == "busy":
-                name = getattr(kernel, "kernel_name", "") or "kernel"
-                reasons.append({"source": "kernel", "text": f"a {name} kernel running a cell", "since": None})
-        return reasons
+    async def _read_gpus_between_samples(self) -> None:
+        if self._has_gpus and not self._sampling:
+            await asyncio.get_running_loop().run_in_executor(None, self.read_gpus)
 
     def start(self, settings: MutableMapping[str, Any]) -> None:
-        """Sample now, then every `interval`, into `settings`."""
+        """Sample now, then every `interval`, into `settings`; read the GPUs in between."""
         self.stop()
         IOLoop.current().add_callback(self.update, settings)
-        self._periodic = PeriodicCallback(lambda: self.update(settings), self.interval * 1000)
-        self._periodic.start()
+        self._periodics = [PeriodicCallback(lambda: self.update(settings), self.interval * 1000)]
+        if self.gpu_sample_seconds < self.interval:
+            self._periodics.append(PeriodicCallback(self._read_gpus_between_samples, self.gpu_sample_seconds * 1000))
+        for periodic in self._periodics:
+            periodic.start()
 
     def stop(self) -> None:
-        if self._periodic is not None:
-            self._periodic.stop()
-            self._periodic = None
+        for periodic in self._periodics:
+            periodic.stop()
+        self._periodics = []
 
 
-def start(serverapp: ServerApp, reporter: Callable[[list[dict[str, Any]]], Awaitable[None]] | None = None
+def busy_kernels(kernel_manager: Any) -> list[dict[str, Any]]:
+    """Kernels running a cell: busy without output is still work (jupyter-server counts only
+    kernel messages as activity, so a long silent cell would look idle)."""
+    reasons = []
+    for kernel_id in list(kernel_manager.list_kernel_ids()):
+        kernel = kernel_manager.get_kernel(kernel_id)
+        if getattr(kernel, "execution_state", None) == "busy":
+            name = getattr(kernel, "kernel_name", "") or "kernel"
+            reasons.append({"source": "kernel", "text": f"a {name} kernel running a cell", "since": None})
+    return reasons
+
+
+def start(serverapp: ServerApp, reporter: Callable[[list[dict[str, Any]], float], Awaitable[None]] | None = None
           ) -> WorkstationActivity:
     """Sample the machine's activity every `c.WorkstationActivity.interval` on this server;
     `reporter` gets every sample's reasons (the workstations service shows them)."""
     activity = WorkstationActivity(parent=serverapp)  # parent: c.WorkstationActivity.* applies, logs go to its log
     activity.reporter = reporter
-    activity.kernel_manager = getattr(serverapp, "kernel_manager", None)
     activity.start(serverapp.web_app.settings)
     activity.log.info("Workstation activity: logins, GPUs%s of %s every %g s", " and processes"
                       if activity.cpu_threshold > 0 else "", activity.root, activity.interval)

@@ -228,11 +228,11 @@ class ActivityReporter:
         self.guest = guest
         self._failing = ""
 
-    async def __call__(self, reasons: list[dict[str, Any]]) -> None:
+    async def __call__(self, reasons: list[dict[str, Any]], every: float) -> None:
         guest = self.guest
         if not guest.configured:
             return
-        request = HTTPRequest(guest.api_url("/activity"), method="POST", body=json.dumps({"sources": reasons}),
+        request = HTTPRequest(guest.api_url("/activity"), method="POST", body=json.dumps({"sources": reasons, "every": every}),
                               headers={"Authorization": f"token {guest.api_token}", "Content-Type": "application/json"},
                               connect_timeout=guest.request_timeout, request_timeout=guest.request_timeout,
                               follow_redirects=False)

@@ -59,8 +59,11 @@ def _iso(moment: datetime) -> str:
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-# What a guest may name as the reason it is busy (kubevirt_spawner.guest.activity's sources).
-ACTIVITY_SOURCES = ("ssh", "console", "gpu", "cpu", "kernel", "terminal", "keepalive")
+# What a guest may name as the reason it is busy (kubevirt_spawner.guest.activity's sources); a
+# keep-alive is the service's own, never the guest's word.
+ACTIVITY_SOURCES = ("jupyter", "ssh", "console", "gpu", "cpu", "kernel")
+# A guest's report older than this many of its own intervals is stale (the guest stopped reporting).
+REPORT_STALE_INTERVALS = 3
 
 
 def usage_level(percent: float | None) -> str | None:
@@ -68,6 +71,17 @@ def usage_level(percent: float | None) -> str | None:
     if percent is None:
         return None
     return next((name for limit, name in LEVELS if percent >= limit), "ok")
+
+
+def check_activity_report(sources, every):
+    """A guest's activity report: at most 20 `{"source", "text", "since"}` and its interval."""
+    if not isinstance(sources, list) or len(sources) > 20 or not all(
+            isinstance(x, dict) and x.get("source") in ACTIVITY_SOURCES and isinstance(x.get("text"), str)
+            and len(x["text"]) <= 300 and isinstance(x.get("since"), (str, type(None))) for x in sources):
+        raise ServiceError(400, '"sources" is a list of at most 20 {"source": one of '
+                                f'{", ".join(ACTIVITY_SOURCES)}, "text": "...", "since": time or null}}.')
+    if not isinstance(every, (int, float)) or isinstance(every, bool) or not 1 <= every <= 3600:
+        raise ServiceError(400, '"every" is the number of seconds until the next report, 1 to 3600.')
 
 
 def workstation_path(user: str, server: str) -> str:
@@ -194,25 +208,30 @@ class Workstations(LoggingConfigurable):
             "snapshots": {"count": len(snaps), "total_size": _gib(await self._snapshots_size(ws))},
             "operation": _operation_view(op),
             "keepalive_until": _iso(keepalive) if keepalive and keepalive > _now() else None,
+            "keepalive_max_minutes": self.keepalive_max_minutes,
             "agent_connected": agent_connected,
             # what a snapshot taken now would be (KubeVirt freezes the filesystems through the agent)
             "snapshot_consistency": ("offline" if vmi is None else "application-consistent" if agent_connected
                                      else "crash-consistent"),
             "idle": self._idle(server, keepalive),
-            "activity": self._why_active(ident.user, ident.server, keepalive) if server and server.get("ready")
+            "activity": self._why_active(ident.user, ident.server, server, keepalive) if server and server.get("ready")
             else None,  # (a stopped machine is busy with nothing)
         }
 
-    def _why_active(self, user: str, server: str, keepalive: datetime | None) -> dict | None:
-        """Why the machine counts as busy: what its guest last reported, and a keep-alive."""
+    def _why_active(self, user: str, server: str, hub_server: dict, keepalive: datetime | None,
+                    now: datetime | None = None) -> dict:
+        """Why the running machine counts as busy (its guest's last report, unless stale, and a
+        keep-alive), or since when it is idle (the hub's last activity) when nothing does."""
+        now = now or _now()
         reported = self._activity.get((user, server))
+        if reported and now - reported["at"] > timedelta(seconds=REPORT_STALE_INTERVALS * reported["every"]):
+            reported = None  # the guest stopped reporting: its last word no longer holds
         sources = list(reported["sources"]) if reported else []
-        if keepalive and keepalive > _now():
+        if keepalive and keepalive > now:
             sources.append({"source": "keepalive", "text": f"kept running until {_iso(keepalive)}",
                             "since": None})
-        if reported is None and not sources:
-            return None
-        return {"reported": reported["at"] if reported else None, "sources": sources}
+        return {"reported": _iso(reported["at"]) if reported else None, "sources": sources,
+                "idle_since": None if sources else hub_server.get("last_activity")}
 
     def _idle(self, server: dict | None, keepalive: datetime | None) -> dict | None:
         """When the idle culler would stop the running server: the timeout after its last activity,
@@ -499,18 +518,15 @@ class Workstations(LoggingConfigurable):
         self._audit(caller, "keepalive", ws, "ok", f"{minutes} min")
         return {"keepalive_until": _iso(until)}
 
-    def report_activity(self, caller: Caller, user: str, server: str, sources) -> dict:
+    async def report_activity(self, caller: Caller, user: str, server: str, sources, every) -> dict:
         """What the guest says keeps its machine busy (logins with recent input, a busy GPU, ...),
-        shown as the reason it counts as active. The hub's last_activity, which the culler reads,
-        moves through JupyterHub's own activity report; this is the why."""
-        self.authorize(caller, user, server)
-        if not isinstance(sources, list) or len(sources) > 20 or not all(
-                isinstance(x, dict) and x.get("source") in ACTIVITY_SOURCES and isinstance(x.get("text"), str)
-                and len(x["text"]) <= 300 and isinstance(x.get("since"), (str, type(None))) for x in sources):
-            raise ServiceError(400, '"sources" is a list of at most 20 {"source": one of '
-                                    f'{", ".join(ACTIVITY_SOURCES)}, "text": "...", "since": time or null}}.')
+        shown as the reason it counts as active; `every`: seconds until its next report. The hub's
+        last_activity, which the culler reads, moves through JupyterHub's own activity report; this
+        is the why."""
+        await self.existing(caller, user, server)
+        check_activity_report(sources, every)
         at = _now()
-        self._activity[(user, server)] = {"at": _iso(at), "sources": [
+        self._activity[(user, server)] = {"at": at, "every": every, "sources": [
             {"source": x["source"], "text": x["text"], "since": x.get("since")} for x in sources]}
         return {"recorded": _iso(at)}
 
@@ -521,10 +537,10 @@ class Workstations(LoggingConfigurable):
             now = _now()
             for (user, server), until in list(self._keepalives.items()):
                 if until <= now:
+                    # the end of the keep-alive is its last activity: the timeout runs from there
                     del self._keepalives[(user, server)]
-                    continue
                 try:
-                    await self.hub.record_activity(user, server, now)
+                    await self.hub.record_activity(user, server, min(until, now))
                 except HubError as err:
                     self.log.warning("keep-alive of %s: the hub refused the activity: %s",
                                      workstation_path(user, server), err)

@@ -149,7 +149,7 @@ class WorkstationApi(Api):
             if action == "stop":
                 return await self.core.stop(caller, user, srv, body.get("wait", True))
             if action == "activity":
-                return self.core.report_activity(caller, user, srv, body.get("sources"))
+                return await self.core.report_activity(caller, user, srv, body.get("sources"), body.get("every"))
             if action == "keepalive":
                 return await self.core.keepalive(caller, user, srv, body.get("minutes"))
             if action == "purge":

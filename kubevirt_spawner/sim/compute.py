@@ -15,6 +15,7 @@ from .conditions import condition, drop_condition, get_condition, set_condition
 from .guests import (
     Guest,
     boot_problem,
+    clear_runtime,
     first_boot,
     guest_arguments,
     guest_environment,
@@ -94,6 +95,16 @@ class Compute:
         self._stopping: set[tuple[str, str]] = set()
         self._shutdowns: set[asyncio.Task] = set()  # guests shutting down, each on its own time
         self.launchers = Launchers(cluster)
+        self.store.listeners.append(self._forget_facts)
+
+    def _forget_facts(self, kind: str, rt, obj: dict, old: dict | None):
+        """The fault API's facts of a VMI go with it: a reboot ends login sessions and processes,
+        and the next VMI of the VM starts with none and an idle GPU."""
+        if rt is VMI and kind == "DELETED":
+            key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+            self.users.pop(key, None)
+            self.processes.pop(key, None)
+            self.gpu_utilization.pop(key, None)
 
     # ================= VirtualMachine controller
     async def reconcile_vm(self, key):
@@ -468,9 +479,10 @@ class Compute:
         (pkg/virt-controller/watch/vmi/lifecycle.go); on a node that stopped answering, with the
         reason KubeVirt's node controller gives (pkg/virt-controller/watch/node/node.go)."""
         key = (vmi["metadata"]["namespace"], vmi["metadata"]["name"])
-        guest = self.guests.pop(key, None)
+        guest = self.guests.get(key)
         if guest is not None:  # the machine is powered off with its pod
             self._stopping.add(key)
+            self._powered_off(guest)
             guest.kill()
             self._stopping.discard(key)
         node_name = field_value(vmi, "status.nodeName")
@@ -659,12 +671,20 @@ class Compute:
                       os.path.join(self.c.state_dir, "guests", f"{key[0]}_{key[1]}.log"), self.c.guest_command)
         guest.uid = vmi["metadata"]["uid"]
         self.guests[key] = guest
+        clear_runtime(root)  # a boot: nothing of the last one's memory is there
         self.write_guest_facts(key)
         return guest
 
+    def _powered_off(self, guest: Guest):
+        """The machine is off: its guest is let go, and what it kept in memory (/run, /dev, /proc)
+        is gone; not when a newer boot of the VMI has taken its place meanwhile."""
+        if self.guests.get(guest.key) is guest:
+            del self.guests[guest.key]
+            clear_runtime(guest.root)
+
     def write_guest_facts(self, key: tuple[str, str]):
         """What the fault API says happens inside a running guest, where a Linux guest keeps it:
-        login records and tty input times under its root, an nvidia-smi for its GPUs on its PATH."""
+        login records and tty input times under its root, an nvidia-smi on its PATH."""
         guest = self.guests.get(key)
         vmi = self.store.get(VMI, *key)
         if guest is None or vmi is None:
@@ -686,6 +706,8 @@ class Compute:
                     self.write_guest_facts(key)
                 except OSError as exc:  # the machine's disk went away meanwhile
                     log.debug("guest facts of %s/%s: %s", *key, exc)
+                except Exception:  # one guest's trouble must not end the refreshes of all of them
+                    log.exception("guest facts of %s/%s could not be refreshed", *key)
 
     async def _launch(self, guest: Guest):
         key = guest.key
@@ -706,8 +728,7 @@ class Compute:
 
     def _guest_exited(self, guest: Guest, code: int):
         ns, name = guest.key
-        if self.guests.get(guest.key) is guest:
-            del self.guests[guest.key]
+        self._powered_off(guest)
         if guest.key in self._stopping or not self.c.started:
             return  # a requested shutdown (_terminate finishes the VMI) or the simulator stopping
         vmi = self.store.get(VMI, ns, name)
@@ -816,7 +837,7 @@ class Compute:
             await self._shut_down(guest, vmi)
         finally:
             self._stopping.discard(key)
-            self.guests.pop(key, None)
+            self._powered_off(guest)
             self.c.vmi_queue.add(key)
 
     async def _shut_down(self, guest: Guest, vmi: dict):

@@ -3,11 +3,57 @@ inject and facts to read back."""
 
 from __future__ import annotations
 
+import math
 import re
 import time
 
 from . import errors
 from .server import FaultPicker
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _whole(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+# A terminal's name under /dev (the tty is a file path in the guest: nothing that leaves /dev).
+_TTY = re.compile(r"^(pts/[0-9]+|tty[A-Za-z0-9]*|console)$")
+# What a guest's users and processes are made of, field by field: the check, and what to give.
+USER_FIELDS = {
+    "userName": (lambda v: isinstance(v, str) and v != "", "a name"),
+    "domain": (lambda v: isinstance(v, str), "a string"),
+    "loginTime": (lambda v: v is None or _number(v), "epoch seconds"),
+    "host": (lambda v: v is None or isinstance(v, str), "an address, null for a console login"),
+    "tty": (lambda v: v is None or (isinstance(v, str) and bool(_TTY.match(v))), "pts/N, ttyN or console"),
+    "idleSeconds": (lambda v: v is None or (_number(v) and v >= 0), "seconds since the last input"),
+}
+PROCESS_FIELDS = {
+    "pid": (lambda v: _whole(v) and v > 0, "a process id"),
+    "uid": (_whole, "a user id"),
+    "command": (lambda v: isinstance(v, str) and "\n" not in v, "one line"),
+    "cpu": (lambda v: _number(v) and v >= 0, "percent of one CPU"),
+    "since": (_number, "epoch seconds"),
+}
+
+
+def _records(body: dict, name: str, fields: dict, required: str) -> list[dict]:
+    """The list `name` of a request body, each record checked before anything changes (a bad one
+    written under a guest's root would fail there, where nobody sees it): a 400 saying what is wrong."""
+    records = body.get(name)
+    records = [] if records is None else records
+    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        raise errors.bad_request(f"{name} must be a list of objects")
+    give = ", ".join(f"{k} ({what})" for k, (_, what) in fields.items())
+    for n, record in enumerate(records):
+        wrong = sorted({k for k, v in record.items() if k not in fields or not fields[k][0](v)}
+                       | ({required} - set(record)))
+        if wrong:
+            raise errors.bad_request(f"{name}[{n}]: {', '.join(wrong)} wrong or missing; give {give}, "
+                                     f"{required} at least")
+    return records
 
 
 class Faults:
@@ -27,6 +73,8 @@ class Faults:
 
     async def handle(self, method: str, path: str, body) -> dict:
         body = body or {}
+        if not isinstance(body, dict):
+            raise errors.bad_request("the body must be a JSON object")
         compute = self.c.compute
         m = re.match(r"^/nodes/([^/]+)/(lose|fence|recover)$", path)
         if m and method == "POST":
@@ -64,12 +112,18 @@ class Faults:
                 if what == "agent":
                     compute.agents[key] = bool(body.get("connected", True))
                 elif what == "users":
-                    compute.users[key] = list(body.get("users") or [])
+                    compute.users[key] = _records(body, "users", USER_FIELDS, "userName")
                 elif what == "processes":
+                    processes = _records(body, "processes", PROCESS_FIELDS, "pid")
+                    if len({p["pid"] for p in processes}) < len(processes):
+                        raise errors.bad_request("processes: each pid once")
                     now = time.time()
-                    compute.processes[key] = [{**p, "since": p.get("since", now)} for p in body.get("processes") or []]
+                    compute.processes[key] = [{**p, "since": p.get("since", now)} for p in processes]
                 else:
-                    compute.gpu_utilization[key] = float(body.get("utilization", 0))
+                    utilization = body.get("utilization", 0)
+                    if not (_number(utilization) and 0 <= utilization <= 100):
+                        raise errors.bad_request("utilization must be a percentage, 0 to 100")
+                    compute.gpu_utilization[key] = float(utilization)
                 compute.write_guest_facts(key)
                 self.c.vmi_queue.add(key)
             return {"agentConnected": compute.agents.get(key, True), "users": compute.users.get(key, []),

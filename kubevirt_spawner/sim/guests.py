@@ -74,11 +74,35 @@ def first_boot(root: str):
             f.write(uuid.uuid4().hex + "\n")
 
 
+# Where a Linux guest mounts filesystems that live in memory: tmpfs on /run, devtmpfs (with devpts)
+# on /dev, procfs on /proc. The simulator writes them under the machine root, yet they are not on
+# the disk: each boot starts without them, and no snapshot or clone of the disk carries them.
+RUNTIME_MOUNTS = ("run", "dev", "proc")
+
+
+def clear_runtime(root: str):
+    """A power-on or power-off: what the guest kept in memory is gone."""
+    for name in RUNTIME_MOUNTS:
+        shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def not_on_disk(src: str):
+    """A `shutil.copytree` ignore for a copy of volume `src`: when it holds a machine root
+    filesystem (it has /etc), the runtime mounts are left out; any other volume is copied whole."""
+    def ignore(directory: str, names: list[str]) -> list[str]:
+        if directory == src and "etc" in names:
+            return [name for name in names if name in RUNTIME_MOUNTS]
+        return []
+    return ignore
+
+
 # The login records a Linux guest keeps: glibc's struct utmp on x86_64 (bits/utmp.h), 384 bytes;
 # `who` and `w` read them from /run/utmp, `w` the idle time from the atime of the tty device.
 UTMP = struct.Struct("<h2xi32s4s32s256shhiii4i20s")
 USER_PROCESS = 7
 NVIDIA_SMI_QUERY = "--query-gpu=index,name,utilization.gpu"
+NVIDIA_SMI_NO_DRIVER = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+                        "Make sure that the latest NVIDIA driver is installed and running.")
 
 
 def write_logins(root: str, users: list[dict], now: float | None = None):
@@ -96,8 +120,7 @@ def write_logins(root: str, users: list[dict], now: float | None = None):
         device = os.path.join(root, "dev", line)
         os.makedirs(os.path.dirname(device), exist_ok=True)
         if not os.path.exists(device):
-            with open(device, "w"):
-                pass
+            open(device, "w").close()  # the terminal device (its times are what `w` reads)
         input_at = now - float(user.get("idleSeconds") or 0)
         os.utime(device, (input_at, input_at))
     os.makedirs(os.path.join(root, "run"), exist_ok=True)
@@ -152,19 +175,21 @@ def _write(path: str, text: str):
 
 
 def write_nvidia_smi(bindir: str, gpus: list[str], utilization: float):
-    """An `nvidia-smi` for a guest with GPUs passed through: the query the guest package makes,
-    answered as the NVIDIA driver's tool does (one `index, name, utilization` line per GPU);
-    any other query fails as an unsupported one would. No GPUs: no nvidia-smi."""
+    """The golden image's `nvidia-smi` (man nvidia-smi). With GPUs passed through: the query the
+    guest package makes, answered as the NVIDIA driver's tool does (one `index, name, utilization`
+    line per GPU); any other query fails as an unsupported one would. Without: the CUDA image ships
+    it anyway, and with no device the driver is not loaded, so it fails with its message and
+    RETURN VALUE 9."""
     path = os.path.join(bindir, "nvidia-smi")
-    if not gpus:
-        if os.path.exists(path):
-            os.unlink(path)
-        return
     os.makedirs(bindir, exist_ok=True)
-    lines = "".join(f"{i}, {name}, {round(utilization)}\n" for i, name in enumerate(gpus))
-    script = ("#!/bin/sh\n"
-              f'case "$*" in *{NVIDIA_SMI_QUERY}*) ;; *) echo "simulated nvidia-smi: unsupported query: $*" >&2; exit 2;; esac\n'
-              f"cat <<'EOF'\n{lines}EOF\n")
+    if gpus:
+        lines = "".join(f"{i}, {name}, {round(utilization)}\n" for i, name in enumerate(gpus))
+        script = ("#!/bin/sh\n"
+                  f'case "$*" in *{NVIDIA_SMI_QUERY}*) ;; *) echo "simulated nvidia-smi: unsupported query: $*" >&2; '
+                  "exit 2;; esac\n"
+                  f"cat <<'EOF'\n{lines}EOF\n")
+    else:
+        script = f"#!/bin/sh\ncat >&2 <<'EOF'\n{NVIDIA_SMI_NO_DRIVER}\nEOF\nexit 9\n"
     with open(path + ".new", "w") as f:
         f.write(script)
     os.chmod(path + ".new", stat.S_IRWXU | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
@@ -222,7 +247,7 @@ class Guest:
         env = dict(os.environ)
         env.update(self.env)
         prefix = self.env.get("JUPYTERHUB_SERVICE_PREFIX", "/")
-        env["PATH"] = self.bindir + os.pathsep + env.get("PATH", "")  # (nvidia-smi when it has GPUs)
+        env["PATH"] = self.bindir + os.pathsep + env.get("PATH", "")  # (its nvidia-smi)
         env.update({"HOME": home, "USER": user, "JUPYTER_RUNTIME_DIR": os.path.join(home, ".local/share/jupyter/runtime"),
                     "JUPYTERHUB_SERVICE_URL": f"http://{self.ip}:{JUPYTER_PORT}{prefix}",
                     "KUBEVIRT_SIM_MACHINE_ROOT": self.root})

@@ -14,6 +14,7 @@ from ..quantity import parse_quantity
 from . import errors
 from .admission import admit
 from .conditions import condition, set_condition
+from .guests import not_on_disk
 from .resources import BY_KIND
 
 log = logging.getLogger(__name__)
@@ -356,10 +357,11 @@ class Storage:
 
 
 def copy_tree(src: str, dst: str):
-    """Copy a volume's contents into another volume (what a CSI clone does)."""
+    """Copy a volume's contents into another volume (what a CSI clone does): what is on the disk,
+    not a running guest's in-memory /run, /dev and /proc the simulator keeps beside it."""
     os.makedirs(dst, exist_ok=True)
     if src and os.path.isdir(src):
-        shutil.copytree(src, dst, dirs_exist_ok=True, symlinks=True)
+        shutil.copytree(src, dst, dirs_exist_ok=True, symlinks=True, ignore=not_on_disk(src))
 
 
 def replace_tree(src: str, dst: str):

@@ -220,64 +220,114 @@ async function follow(model: WorkstationModel, info: IInfo, intro: string): Prom
   leave(info, 'lab');
 }
 
-/** How long "Keep running" keeps the workstation up (the service caps it). */
-export const KEEP_RUNNING_MINUTES = 60;
+/** How long "Keep running" keeps the workstation up: an hour, or the service's cap when lower. */
+export function keepRunningMinutes(model: WorkstationModel): number {
+  return Math.min(60, model.status?.keepalive_max_minutes ?? 60);
+}
 
 export async function keepRunning(model: WorkstationModel): Promise<void> {
   if (!ready(model)) {
     return;
   }
-  if (!(await attempt(() => api.keepalive(KEEP_RUNNING_MINUTES)))) {
+  if (!(await attempt(() => api.keepalive(keepRunningMinutes(model))))) {
     return;
   }
   await model.refresh();
 }
 
-/** The warning before an idle stop: once per deadline, gone when the deadline moves on. */
+/**
+ * The warning before an idle stop, with "Keep running": shown from warn_at until the deadline
+ * moves on, its time left updated as it runs down.
+ */
 export class IdleWarning {
   constructor(private readonly model: WorkstationModel) {
-    model.changed.connect(this.update, this);
+    model.changed.connect(this._fetched, this);
     // The time to warn comes while nothing is fetched (a tab in the background polls nothing):
     // the last known deadline is checked every second.
-    window.setInterval(() => this.update(), 1000);
+    this._timer = window.setInterval(() => void this._tick(), 1000);
   }
 
-  update(): void {
+  get isDisposed(): boolean {
+    return this._timer === 0;
+  }
+
+  dispose(): void {
+    if (this.isDisposed) {
+      return;
+    }
+    window.clearInterval(this._timer);
+    this._timer = 0;
+    this.model.changed.disconnect(this._fetched, this);
+    this._dismiss();
+  }
+
+  private _fetched(): void {
+    this._fetchedAt = Date.now();
+    this._show();
+  }
+
+  private async _tick(): Promise<void> {
     const idle = this.model.status?.idle;
-    const due = idle && Date.now() >= Date.parse(idle.warn_at);
-    if (!idle || !due) {
-      this.dismiss();
-      return;
-    }
-    if (this._deadline === idle.deadline) {
-      return;
-    }
-    this.dismiss();
-    this._deadline = idle.deadline;
-    this._id = Notification.warning(
-      `This workstation has been idle: it will be stopped ${timeLeft(idle.deadline)} (its disks are kept).`,
-      {
-        autoClose: false,
-        actions: [
-          {
-            label: 'Keep running',
-            caption: `Keep the workstation running for ${KEEP_RUNNING_MINUTES} more minutes`,
-            displayType: 'accent',
-            callback: () => void keepRunning(this.model)
-          }
-        ]
+    const warnAt = idle ? Date.parse(idle.warn_at) : Infinity;
+    if (Date.now() >= warnAt && this._fetchedAt < warnAt && !this._checking) {
+      // Due by a deadline fetched before its warning time: SSH, the GPU or a kernel may have moved it.
+      this._checking = true;
+      try {
+        await this.model.refreshStatus();
+      } catch {
+        this._fetchedAt = Date.now(); // the service does not answer: go by what is known
+      } finally {
+        this._checking = false;
       }
-    );
+    }
+    this._show();
   }
 
-  private dismiss(): void {
+  private _show(): void {
+    const idle = this.model.status?.idle;
+    // warn only by a deadline that still held at its warning time
+    if (!idle || Date.now() < Date.parse(idle.warn_at) || this._fetchedAt < Date.parse(idle.warn_at)) {
+      this._dismiss();
+      return;
+    }
+    const message = `This workstation has been idle: it will be stopped ${timeLeft(idle.deadline)} (its disks are kept).`;
+    if (this._id && this._deadline === idle.deadline) {
+      if (message !== this._message) {
+        Notification.update({ id: this._id, message });
+        this._message = message;
+      }
+      return;
+    }
+    this._dismiss();
+    this._deadline = idle.deadline;
+    this._message = message;
+    const minutes = keepRunningMinutes(this.model);
+    this._id = Notification.warning(message, {
+      autoClose: false,
+      actions: [
+        {
+          label: 'Keep running',
+          caption: `Keep the workstation running for ${minutes} more minutes`,
+          displayType: 'accent',
+          callback: () => void keepRunning(this.model)
+        }
+      ]
+    });
+  }
+
+  private _dismiss(): void {
     if (this._id) {
       Notification.dismiss(this._id);
     }
     this._id = null;
     this._deadline = null;
+    this._message = '';
   }
 
+  private _timer: number;
+  private _checking = false;
+  private _fetchedAt = 0;
   private _id: string | null = null;
   private _deadline: string | null = null;
+  private _message = '';
 }

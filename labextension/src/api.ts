@@ -39,6 +39,7 @@ export interface IStatus {
   snapshots: { count: number; total_size: string | null };
   operation: IOperation | null;
   keepalive_until: string | null;
+  keepalive_max_minutes: number;
   agent_connected: boolean;
   snapshot_consistency: string;
   idle: {
@@ -47,6 +48,12 @@ export interface IStatus {
     deadline: string;
     warn_at: string;
     check_every_seconds: number | null;
+  } | null;
+  /** Why the running machine counts as in use, or since when it is idle. */
+  activity: {
+    reported: string | null;
+    sources: { source: string; text: string; since: string | null }[];
+    idle_since: string | null;
   } | null;
 }
 

@@ -94,7 +94,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     });
     commands.addCommand(COMMANDS.stop, { label: 'Stop this workstation…', execute: () => actions.stop(model) });
     commands.addCommand(COMMANDS.keep, {
-      label: `Keep this workstation running (${actions.KEEP_RUNNING_MINUTES} min)`,
+      label: () => `Keep this workstation running (${actions.keepRunningMinutes(model)} min)`,
       execute: () => actions.keepRunning(model)
     });
     commands.addCommand(COMMANDS.refresh, { label: 'Refresh the workstation status', execute: () => model.refresh() });

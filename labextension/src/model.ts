@@ -31,6 +31,14 @@ export class WorkstationModel {
     return this._poll.refresh();
   }
 
+  /** Fetch the status now, even while the poll stands by (the idle warning checks its deadline). */
+  async refreshStatus(): Promise<void> {
+    if (this.info?.configured) {
+      this.status = await api.status();
+      this._changed.emit();
+    }
+  }
+
   dispose(): void {
     this._poll.dispose();
   }

@@ -81,6 +81,14 @@ export class WorkstationPanel extends Widget {
     const idle = status.idle
       ? row('Idle stop', `${timeLeft(status.idle.deadline)} without activity`)
       : [];
+    const why = status.activity;
+    const inUse = !why
+      ? []
+      : why.sources.length
+        ? row('In use', h('ul', { class: 'kvs-activity' }, ...why.sources.map(s => h('li', {}, s.text))))
+        : why.idle_since
+          ? row('In use', `no; idle since ${new Date(why.idle_since).toLocaleTimeString()}`)
+          : [];
     return h(
       'dl',
       { class: 'kvs-summary' },
@@ -90,7 +98,8 @@ export class WorkstationPanel extends Widget {
       ...row('GPUs', status.gpus.length ? status.gpus.join(', ') : 'none'),
       ...row('Node', status.node ?? '–'),
       ...row('System image', image),
-      ...idle
+      ...idle,
+      ...inUse
     );
   }
 
@@ -136,7 +145,7 @@ export class WorkstationPanel extends Widget {
       button('Reset system', 'kvs-reset kvs-danger', () => actions.reset(this.model)),
       button('Stop workstation', 'kvs-stop', () => actions.stop(this.model)),
       this.model.status?.idle
-        ? button(`Keep running (${actions.KEEP_RUNNING_MINUTES} min)`, 'kvs-keep', () => actions.keepRunning(this.model))
+        ? button(`Keep running (${actions.keepRunningMinutes(this.model)} min)`, 'kvs-keep', () => actions.keepRunning(this.model))
         : null
     );
   }

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from datetime import datetime, timedelta
 
 import pytest
 import requests
@@ -25,14 +26,17 @@ from tornado.websocket import websocket_connect
 
 from simtools import wait_for
 
-TIMEOUT = 30
+TIMEOUT = 40  # (the Lab warns 20 s before: after its polls have lingered once in a background tab)
 EXTRA = f"""
 c.Workstations.idle_timeout = {TIMEOUT}  # the demo's config runs the culler with this policy
 c.Workstations.idle_cull_every = 2
 c.Workstations.idle_warn_before = 20
 c.KubeVirtSpawner.environment = {{"JUPYTERHUB_ACTIVITY_INTERVAL": "2"}}
-c.KubeVirtSpawner.args = ["--ContentsManager.allow_hidden=True", "--WorkstationActivity.interval=2"]
+# (a login counts for an hour after its last input: sam's session must not age out on a slow machine)
+c.KubeVirtSpawner.args = ["--ContentsManager.allow_hidden=True", "--WorkstationActivity.interval=2",
+                          "--WorkstationActivity.login_idle_seconds=3600"]
 c.Workstations.keepalive_interval = 1
+c.Workstations.keepalive_max_minutes = 45  # below the Lab's hour: its "Keep running" asks for the cap
 c.KubeVirtSpawner.stop_timeout = 5  # a guest that ignores its shutdown is forced off after 5 s
 """
 API = "/services/workstations/api/v1"
@@ -99,7 +103,7 @@ def test_idle_machines_are_stopped_busy_ones_are_not_and_the_service_says_why(hu
     hub.start_server("kim", timeout=180)
     run_cell(hub, "kim", "import time; time.sleep(3600)")
     hub.start_server("kai", timeout=180)
-    r = hub.http.post(f"{hub.url}{API}/workstations/kai/keepalive", json={"minutes": 10}, timeout=30)
+    r = hub.http.post(f"{hub.url}{API}/workstations/kai/keepalive", json={"minutes": 45}, timeout=30)
     assert r.status_code == 200, r.text
     # ivy's guest ignores the shutdown (its grace period is 120 s): the stop forces it off.
     cluster.sim_api("PUT", f"/vmis/{ns['ivy']}/ivy-workstation/guest", {"shutdownSeconds": 4000})
@@ -109,8 +113,12 @@ def test_idle_machines_are_stopped_busy_ones_are_not_and_the_service_says_why(hu
     rootdisk_uid = cluster.core.read_namespaced_persistent_volume_claim("ivy-rootdisk", ns["ivy"]).metadata.uid
 
     # The idle one: a deadline, a warning time before it, then the culler stops it.
-    idle = status(hub, "ivy")["idle"]
-    assert idle["timeout_seconds"] == TIMEOUT and idle["warn_at"] < idle["deadline"]
+    ivy = status(hub, "ivy")
+    idle = ivy["idle"]
+    assert idle["timeout_seconds"] == TIMEOUT and idle["check_every_seconds"] == 2
+    deadline, warn_at = datetime.fromisoformat(idle["deadline"]), datetime.fromisoformat(idle["warn_at"])
+    assert deadline - datetime.fromisoformat(idle["last_activity"]) == timedelta(seconds=TIMEOUT)
+    assert deadline - warn_at == timedelta(seconds=20)
     wait_for(lambda: hub.server_model("ivy") is None, 3 * TIMEOUT, what="the culler to stop ivy's idle server")
     wait_for(lambda: cluster.vmi(ns["ivy"], "ivy-workstation") is None, 30, what="ivy's VMI forced off")
     assert "ivy-workstation did not shut down within 5s: forcing it off" in hub.log()
@@ -143,12 +151,45 @@ HIDE = """(hidden) => {
 }"""
 
 
+def settled_last_activity(hub: Hub, user: str) -> str:
+    """The server's last_activity once JupyterLab's requests have stopped and reached the hub: in a
+    background tab each of its polls runs once more (lumino's Poll lingers, @lumino/polling), the
+    slowest every 10 s."""
+    seen = {"value": None, "since": time.monotonic()}
+
+    def still() -> bool:
+        value = (hub.server_model(user) or {}).get("last_activity")
+        if value != seen["value"]:
+            seen.update(value=value, since=time.monotonic())
+        return time.monotonic() - seen["since"] >= 12
+    wait_for(still, 60, what="the server's last activity to settle")
+    return str(seen["value"])
+
+
+def wait_for_warning(page, user: str, hub: Hub) -> dict:
+    """The tab goes to the background, so nothing more happens on the machine; the Lab's warning
+    appears at the service's warn_at (checked every second: about a second of slack), before the
+    deadline. The idle view it went by."""
+    page.evaluate(HIDE, True)
+    settled_last_activity(hub, user)
+    idle = status(hub, user)["idle"]
+    warning = page.locator(".jp-toast-message", has_text="will be stopped")
+    warning.wait_for(timeout=TIMEOUT * 2000)
+    seen = datetime.now().astimezone()
+    assert status(hub, user)["idle"]["deadline"] == idle["deadline"], "something moved the deadline"
+    assert datetime.fromisoformat(idle["warn_at"]) - timedelta(seconds=1.5) <= seen, (seen, idle)
+    assert seen < datetime.fromisoformat(idle["deadline"]), (seen, idle)
+    return idle
+
+
 def test_the_lab_warns_before_an_idle_stop_and_keep_running_keeps_the_machine(hub: Hub, cluster: Cluster):
-    """A tab left in the background polls nothing, so the machine goes idle; the Lab warns at the
-    service's warn_at with "Keep running", whose keep-alive (reported to the hub's activity API,
-    which the culler reads) keeps the machine past its deadline."""
+    """A tab left in the background polls nothing, so the machine goes idle: the Lab warns at the
+    service's warn_at. Unheeded, the culler stops the machine at the deadline. Heeded, "Keep
+    running" asks the service's cap (45 min here, below the Lab's hour), the warning goes, and the
+    keep-alive (reported to the hub's activity API, which the culler reads) keeps the machine past
+    the deadline the warning named."""
     from playwright.sync_api import sync_playwright
-    from test_lab import CHROMIUM, login_and_start
+    from test_lab import CHROMIUM, login_and_start, open_panel, wait_for_lab
 
     user = "wes"
     with sync_playwright() as p:
@@ -159,16 +200,40 @@ def test_the_lab_warns_before_an_idle_stop_and_keep_running_keeps_the_machine(hu
             page = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
             page.set_default_timeout(60_000)
             login_and_start(page, hub, user)
-            page.evaluate(HIDE, True)
-            warning = page.locator(".jp-toast-message", has_text="will be stopped")
-            warning.wait_for(timeout=TIMEOUT * 1000)
-            assert status(hub, user)["idle"]["warn_at"] <= status(hub, user)["idle"]["deadline"]
+            open_panel(page)
+            # Warned, not heeded: stopped by the culler.
+            idle = wait_for_warning(page, user, hub)
+            # (the panel shows what the Lab fetched before it warned)
+            page.locator(".kvs-summary dd", has_text="no; idle since").wait_for(timeout=5000)
+            activity = status(hub, user)["activity"]
+            assert activity["sources"] == [] and activity["idle_since"], activity  # nothing keeps it busy
+            idle_since = datetime.fromisoformat(activity["idle_since"])
+            assert abs(idle_since - datetime.fromisoformat(idle["last_activity"])) < timedelta(seconds=1)
+            wait_for(lambda: hub.server_model(user) is None, TIMEOUT, what="the culler to stop wes's machine")
+            assert datetime.now().astimezone() >= datetime.fromisoformat(idle["deadline"])
+
+            # Warned and heeded: kept.
+            hub.start_server(user, timeout=180)
+            page.goto(f"{hub.url}/user/{user}/lab")
+            wait_for_lab(page, user=user)
+            idle = wait_for_warning(page, user, hub)
             page.locator(".jp-toast-button", has_text="Keep running").click()
-            wait_for(lambda: status(hub, user)["keepalive_until"], 10, what="the keep-alive")
-            time.sleep(TIMEOUT + 5)  # past the deadline the warning named
+            page.locator(".jp-toast-message", has_text="will be stopped").wait_for(state="detached", timeout=10_000)
+            kept = status(hub, user)
+            until = datetime.fromisoformat(kept["keepalive_until"])
+            assert timedelta(minutes=44) < until - datetime.now().astimezone() <= timedelta(minutes=45), kept
+            # the keep-alive's activity reaches the hub past the deadline the warning named ...
+            deadline = datetime.fromisoformat(idle["deadline"])
+            wait_for(lambda: datetime.fromisoformat((hub.server_model(user) or {})["last_activity"]) > deadline,
+                     2 * TIMEOUT, what="the keep-alive's activity past the old deadline")
+            time.sleep(5)  # (more than two of the culler's checks)
+            # ... and the machine is still up, and the service says why
             assert (hub.server_model(user) or {}).get("ready"), "the kept machine was stopped"
-            why = status(hub, user)["activity"]["sources"]
-            assert any(s["source"] == "keepalive" for s in why), why
+            why = status(hub, user)["activity"]
+            assert "keepalive" in [s["source"] for s in why["sources"]] and why["idle_since"] is None, why
+            page.evaluate(HIDE, False)  # back to the tab: the panel lists why the machine is in use
+            open_panel(page)
+            page.locator(".kvs-activity li", has_text="kept running until").wait_for(timeout=30_000)
         finally:
             browser.close()
     hub.stop_server(user)
