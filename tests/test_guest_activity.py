@@ -31,7 +31,7 @@ from kubevirt_spawner.guest.activity import (
 NOW = 1_750_000_000.0
 DEAD_PROCESS = 8
 LOGIN_PROCESS = 6
-SINCE = re.compile(r"since (\d{4}-\d\d-\d\d )?\d\d:\d\d ")
+SINCE = re.compile(r"since (\d{4}-\d\d-\d\d )?\d\d:\d\d UTC ")
 NVML_FAILED = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
                "Make sure that the latest NVIDIA driver is installed and running.")
 
@@ -250,7 +250,7 @@ def test_sample_gpus(tmp_path):
     root = standard_machine(tmp_path, ssh_ago=None, console_ago=None)
     smi = smi_printing(tmp_path, "0, NVIDIA A100, 87\\n1, NVIDIA A100, 3\\n2, NVIDIA A100, [N/A]\\n")
     a = WorkstationActivity(root=str(root), nvidia_smi=smi)
-    at = time.strftime("%H:%M", time.localtime(NOW))
+    at = time.strftime("%H:%M UTC", time.gmtime(NOW))
     assert a.sample(NOW) == [{"source": "gpu", "text": f"GPU 0 (NVIDIA A100) 87 % busy at {at}", "since": None}]
     a.gpu_threshold = 90
     assert a.sample(NOW) == []
@@ -460,7 +460,7 @@ def test_jupyter_own_use_is_named_without_this_modules_key(tmp_path, no_gpu_path
     assert a.jupyter_in_use(settings, now) == []
     settings["terminal_last_activity"] = now - timedelta(seconds=30)
     (reason,) = a.jupyter_in_use(settings, now)
-    clock = (now - timedelta(seconds=30)).astimezone().strftime("%H:%M")
+    clock = (now - timedelta(seconds=30)).strftime("%H:%M UTC")
     assert reason == {"source": "jupyter", "text": f"Jupyter in use, last at {clock}", "since": None}
     settings["terminal_last_activity"] = now - timedelta(seconds=61)
     assert a.jupyter_in_use(settings, now) == []
@@ -475,3 +475,12 @@ def test_a_multiplexers_window_is_local_not_ssh():
         return act.Login(user="a", line="pts/3", host=host, pid=1, login_time=NOW, idle=1).kind
     assert kind("tmux(1234).%0") == "console" and kind(":0") == "console" and kind("") == "console"
     assert kind("10.0.0.5") == "ssh" and kind("laptop.example.org") == "ssh"
+
+
+def test_the_interval_is_one_second_to_an_hour():
+    """The service ages a report by the interval it names and takes 1 to 3600 s: a guest set
+    outside that is a configuration error at start, not refused reports all day."""
+    from traitlets import TraitError
+    for bad in (0.5, 3601):
+        with pytest.raises(TraitError):
+            WorkstationActivity(interval=bad)

@@ -137,3 +137,16 @@ def test_registering_the_culler_again_replaces_the_idle_policy():
     assert "--timeout=20" in culler["command"] and "--cull-every=5" in culler["command"]
     assert [r["name"] for r in c.JupyterHub.load_roles] == ["idle-culler"]
     assert (c.Workstations.idle_timeout, c.Workstations.idle_warn_before) == (20, 10)
+
+
+def test_the_default_check_interval_is_never_longer_than_the_timeout():
+    """A tenth of the timeout, at least 30 s (jupyterhub-idle-culler's own default is half the timeout,
+    jupyterhub_idle_culler/__init__.py), but a
+    short timeout is checked at least once per timeout."""
+    from traitlets.config import Config
+
+    from kubevirt_spawner.service import register_idle_culler
+    for timeout, every in ((3600, 360), (120, 30), (20, 20)):
+        c = Config()
+        register_idle_culler(c, timeout=timeout, warn_before=10)
+        assert c.Workstations.idle_cull_every == every

@@ -87,6 +87,41 @@ def test_a_guest_report_is_checked_and_the_why_ages_with_the_guests_interval():
     fresh = core._why_active("alice", "", RUNNING, None, now=at + timedelta(seconds=179))
     assert fresh == {"reported": "2026-11-30T10:00:00Z", "sources": reasons, "idle_since": None}
     stale = core._why_active("alice", "", RUNNING, None, now=at + timedelta(seconds=181))
-    assert stale == {"reported": None, "sources": [], "idle_since": RUNNING["last_activity"]}
+    assert stale == {"reported": None, "sources": [], "idle_since": "2026-11-30T10:00:00Z"}
     kept = core._why_active("alice", "", RUNNING, at + timedelta(minutes=30), now=at + timedelta(seconds=181))
     assert [s["source"] for s in kept["sources"]] == ["keepalive"] and kept["idle_since"] is None
+
+
+async def test_keepalives_are_reported_until_they_end_and_survive_a_stop_meanwhile():
+    """While a keep-alive lasts the service reports activity; its end is reported as the last
+    activity (the culler's timeout runs from there). A stop or a renewal while the hub is being
+    told (the loop awaits it) neither ends the loop nor drops the renewed keep-alive."""
+    import asyncio
+
+    class Hub:
+        def __init__(self):
+            self.calls: list[tuple[str, datetime]] = []
+
+        async def record_activity(self, user, server, when):
+            self.calls.append((user, when))
+            if user == "stopped":
+                core._keepalives.pop((user, server), None)  # a stop meanwhile
+            if user == "renewed" and len([c for c in self.calls if c[0] == "renewed"]) == 1:
+                core._keepalives[(user, server)] = datetime.now(timezone.utc) + timedelta(minutes=5)
+            if user == "broken":
+                raise RuntimeError("the hub's answer made no sense")
+
+    hub = Hub()
+    core = Workstations(hub=hub, keepalive_interval=0.05)
+    now = datetime.now(timezone.utc)
+    ended = now - timedelta(seconds=1)
+    core._keepalives = {("broken", ""): now + timedelta(minutes=5), ("stopped", ""): now + timedelta(minutes=5),
+                        ("ended", ""): ended, ("renewed", ""): ended}
+    task = asyncio.ensure_future(core.report_keepalives())
+    await asyncio.sleep(0.3)
+    assert not task.done(), task
+    task.cancel()
+    assert ("ended", ended) in hub.calls and ("ended", "") not in core._keepalives  # its end, once
+    assert len([c for c in hub.calls if c[0] == "ended"]) == 1
+    assert ("renewed", "") in core._keepalives and ("stopped", "") not in core._keepalives
+    assert len([c for c in hub.calls if c[0] == "broken"]) > 1  # tried again at every interval

@@ -311,7 +311,7 @@ def test_gpu_scheduling_and_capacity_release(custom, core, sim):
 
 def test_what_a_guest_keeps_in_memory_is_not_on_its_disk(custom, core, sim, caplog):
     """A Linux guest's /run is a tmpfs, /dev a devtmpfs with devpts, /proc a procfs (systemd's
-    file-hierarchy(7); proc(5)): none of it is on the root disk, so none outlives a power-off and
+    src/shared/mount-setup.c mounts them at boot; proc(5)): none of it is on the root disk, so none outlives a power-off and
     each boot starts without it. A reboot ends login sessions and processes: the fault API's facts
     of a VMI go with it. A machine without a GPU still has the CUDA image's nvidia-smi, which fails
     as the nvidia-smi man page says it does with no driver loaded (RETURN VALUE 9)."""
@@ -357,9 +357,9 @@ def test_what_a_guest_keeps_in_memory_is_not_on_its_disk(custom, core, sim, capl
 
 
 def test_a_copy_of_a_disk_leaves_out_what_the_guest_keeps_in_memory(tmp_path):
-    """A CDI clone or a CSI snapshot copies the disk (pkg/controller/clone in CDI; the RBD image
+    """A CDI clone or a CSI snapshot copies the disk (CDI pkg/controller/clone/csi-clone.go; the RBD image
     in ceph-csi), and a root filesystem's /run, /dev and /proc are not on it (systemd's
-    file-hierarchy(7): tmpfs, devtmpfs, procfs; proc(5)). On a disk that is no root filesystem
+    src/shared/mount-setup.c mounts tmpfs, devtmpfs and procfs there; proc(5)). On a disk that is no root filesystem
     (no /etc), such as the workspace on /home, a directory of those names is data."""
     from kubevirt_spawner.sim.storage import copy_tree
     root, home = tmp_path / "root", tmp_path / "home"
@@ -525,7 +525,7 @@ def test_snapshot_indications_and_restores(custom, core, sim):
     restore.go makes them: in place, a DataVolume's claim is deleted and made again under its name
     from the VolumeSnapshot (populatedFor the DataVolume, which adopts it and is marked
     prePopulated); RandomizeNames (the default) makes a new claim owned by the VM. A snapshot of a
-    running machine holds its disk, not the guest's in-memory /run (systemd's file-hierarchy(7))."""
+    running machine holds its disk, not the guest's in-memory /run (systemd's src/shared/mount-setup.c)."""
     ns = "snaps"
     core.create_namespace({"metadata": {"name": ns}})
     running_vm(sim, custom, ns, "w")

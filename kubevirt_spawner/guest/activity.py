@@ -317,9 +317,10 @@ class BusyProcesses:
 # ------------------------------------------------------------------------------------------ the sampler
 
 def _since(login_time: float, now: float) -> str:
-    """`09:10`, or `2024-05-01 09:10` when not today (the guest's local time, as `w` shows it)."""
-    then, today = time.localtime(login_time), time.localtime(now)
-    fmt = "%H:%M" if then[:3] == today[:3] else "%Y-%m-%d %H:%M"
+    """`09:10 UTC`, or `2024-05-01 09:10 UTC` when not today (the texts are read in browsers in any
+    time zone, so they say theirs)."""
+    then, today = time.gmtime(login_time), time.gmtime(now)
+    fmt = "%H:%M UTC" if then[:3] == today[:3] else "%Y-%m-%d %H:%M UTC"
     return time.strftime(fmt, then)
 
 
@@ -328,7 +329,7 @@ def _ago(seconds: float) -> str:
 
 
 def _clock(ts: float) -> str:
-    return time.strftime("%H:%M", time.localtime(ts))
+    return time.strftime("%H:%M UTC", time.gmtime(ts))
 
 
 def average_gpus(readings: list[list[Gpu]]) -> list[Gpu]:
@@ -359,7 +360,8 @@ class WorkstationActivity(LoggingConfigurable):
 
     root = Unicode(help="The machine's root directory. Default: $KUBEVIRT_SIM_MACHINE_ROOT (the "
                         "simulator's machine directory), else /.").tag(config=True)
-    interval = Float(60.0, help="Seconds between samples (and reports to the workstations service).").tag(config=True)
+    interval = Float(60.0, min=1.0, max=3600.0, help="Seconds between samples (and reports to the workstations "
+                                                     "service), 1 to 3600.").tag(config=True)
     login_idle_seconds = Float(600.0, help="A login (SSH, console) counts while its terminal had input "
                                            "within this many seconds.").tag(config=True)
     gpu_threshold = Float(10.0, help="A GPU counts while its mean utilisation over the interval is above this "
@@ -398,10 +400,10 @@ class WorkstationActivity(LoggingConfigurable):
         """One reading of the GPUs into those the next sample averages. Blocks."""
         try:
             gpus = read_gpus(self.nvidia_smi or None, self.gpu_timeout)
-        except SourceError as err:
+        except SourceError as err:  # (maybe passing: the readings between samples go on)
             self._failed("GPUs", err)
-            gpus = None
-        self._has_gpus = bool(gpus)
+            return
+        self._has_gpus = gpus is not None  # none: only each sample looks again
         if gpus:
             with self._gpu_lock:
                 self._gpu_readings.append(gpus)
@@ -466,12 +468,17 @@ class WorkstationActivity(LoggingConfigurable):
             return None
         finally:
             self._sampling = False
-        if settings.get("kernel_manager") is not None:
-            reasons += busy_kernels(settings["kernel_manager"])
         now = datetime.now(timezone.utc)  # tz-aware, like jupyter-server's own *_last_activity
-        if reasons:
-            settings[LAST_ACTIVITY_KEY] = now
-        reasons = self.jupyter_in_use(settings, now) + reasons
+        try:
+            if settings.get("kernel_manager") is not None:
+                reasons += busy_kernels(settings["kernel_manager"])
+            if reasons:
+                settings[LAST_ACTIVITY_KEY] = now
+            reasons = self.jupyter_in_use(settings, now) + reasons
+        except Exception:  # (a kernel gone meanwhile, an extension's odd setting): what was found counts
+            self.log.exception("Workstation activity: looking at Jupyter failed")
+            if reasons:
+                settings[LAST_ACTIVITY_KEY] = now
         previous = settings.get(REASONS_KEY)
         if bool(reasons) != bool(previous and previous.get("reasons")):
             self.log.info("Workstation activity: %s", "; ".join(r["text"] for r in reasons) or "idle")

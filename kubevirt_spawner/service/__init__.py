@@ -64,13 +64,13 @@ CULLER_SCOPES = ["list:users", "read:users:activity", "read:servers", "delete:se
 def register_idle_culler(c, timeout: int, cull_every: int | None = None, warn_before: int = 600):
     """Run the standard jupyterhub-idle-culler as a hub-managed service: servers without activity
     for `timeout` seconds are stopped (the spawner's graceful stop: disks kept), checked every
-    `cull_every` seconds (default: a tenth of the timeout, at least 30 s). Users and named servers are
+    `cull_every` seconds (default: a tenth of the timeout, at least 30 s, at most the timeout). Users and named servers are
     never deleted. The workstations service learns the same policy, so the Lab can warn
     `warn_before` seconds before a stop."""
     if timeout < 10 or (cull_every is not None and not 1 <= cull_every <= timeout) or not 0 <= warn_before < timeout:
         raise ValueError("idle culling: timeout is at least 10 s, cull_every from 1 s to the timeout, and "
                          "warn_before from 0 to less than the timeout")
-    every = cull_every or max(30, timeout // 10)
+    every = cull_every or min(timeout, max(30, timeout // 10))
     # Called again on the same config, it replaces the policy.
     services = [s for s in (c.JupyterHub.services if "services" in c.JupyterHub else []) if s["name"] != CULLER_NAME]
     services.append({"name": CULLER_NAME, "command": [

@@ -231,7 +231,7 @@ class Workstations(LoggingConfigurable):
             sources.append({"source": "keepalive", "text": f"kept running until {_iso(keepalive)}",
                             "since": None})
         return {"reported": _iso(reported["at"]) if reported else None, "sources": sources,
-                "idle_since": None if sources else hub_server.get("last_activity")}
+                "idle_since": None if sources else _iso_or_none(_parse_time(hub_server.get("last_activity")))}
 
     def _idle(self, server: dict | None, keepalive: datetime | None) -> dict | None:
         """When the idle culler would stop the running server: the timeout after its last activity,
@@ -533,17 +533,20 @@ class Workstations(LoggingConfigurable):
     async def report_keepalives(self):
         """Every keepalive_interval: activity for the servers whose keep-alive lasts."""
         while True:
-            await asyncio.sleep(self.keepalive_interval)
+            # (and at the earliest end: its activity is recorded then, not up to an interval later)
+            ends = [(until - _now()).total_seconds() for until in self._keepalives.values()]
+            await asyncio.sleep(max(0.1, min([self.keepalive_interval, *ends])))
             now = _now()
-            for (user, server), until in list(self._keepalives.items()):
-                if until <= now:
+            for key, until in list(self._keepalives.items()):
+                if until <= now and self._keepalives.get(key) == until:  # (not renewed or stopped meanwhile)
                     # the end of the keep-alive is its last activity: the timeout runs from there
-                    del self._keepalives[(user, server)]
+                    del self._keepalives[key]
                 try:
-                    await self.hub.record_activity(user, server, min(until, now))
+                    await self.hub.record_activity(*key, min(until, now))
                 except HubError as err:
-                    self.log.warning("keep-alive of %s: the hub refused the activity: %s",
-                                     workstation_path(user, server), err)
+                    self.log.warning("keep-alive of %s: the hub refused the activity: %s", workstation_path(*key), err)
+                except Exception:  # one workstation's trouble must not end the keep-alives of all
+                    self.log.exception("keep-alive of %s failed", workstation_path(*key))
 
     # ---------------------------------------------------------------- admin
     def capacity(self, caller: Caller) -> dict:
@@ -665,6 +668,10 @@ def _json(raw) -> dict | None:
         return json.loads(raw) if raw else None
     except ValueError:
         return None
+
+
+def _iso_or_none(moment: datetime | None) -> str | None:
+    return None if moment is None else _iso(moment)
 
 
 def _parse_time(value) -> datetime | None:

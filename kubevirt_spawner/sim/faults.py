@@ -74,7 +74,7 @@ class Faults:
     async def handle(self, method: str, path: str, body) -> dict:
         body = body or {}
         if not isinstance(body, dict):
-            raise errors.bad_request("the body must be a JSON object")
+            raise errors.bad_request("The body must be a JSON object.")
         compute = self.c.compute
         m = re.match(r"^/nodes/([^/]+)/(lose|fence|recover)$", path)
         if m and method == "POST":
@@ -116,13 +116,13 @@ class Faults:
                 elif what == "processes":
                     processes = _records(body, "processes", PROCESS_FIELDS, "pid")
                     if len({p["pid"] for p in processes}) < len(processes):
-                        raise errors.bad_request("processes: each pid once")
+                        raise errors.bad_request("Each pid may appear only once in processes.")
                     now = time.time()
                     compute.processes[key] = [{**p, "since": p.get("since", now)} for p in processes]
                 else:
                     utilization = body.get("utilization", 0)
                     if not (_number(utilization) and 0 <= utilization <= 100):
-                        raise errors.bad_request("utilization must be a percentage, 0 to 100")
+                        raise errors.bad_request("utilization must be a percentage from 0 to 100.")
                     compute.gpu_utilization[key] = float(utilization)
                 compute.write_guest_facts(key)
                 self.c.vmi_queue.add(key)

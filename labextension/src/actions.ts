@@ -232,7 +232,8 @@ export async function keepRunning(model: WorkstationModel): Promise<void> {
   if (!(await attempt(() => api.keepalive(keepRunningMinutes(model))))) {
     return;
   }
-  await model.refresh();
+  // the new deadline now, even in a tab in the background (where the poll stands by)
+  await model.refreshStatus().catch(() => model.refresh());
 }
 
 /**
@@ -245,6 +246,7 @@ export class IdleWarning {
     // The time to warn comes while nothing is fetched (a tab in the background polls nothing):
     // the last known deadline is checked every second.
     this._timer = window.setInterval(() => void this._tick(), 1000);
+    document.addEventListener('visibilitychange', this._onVisible);
   }
 
   get isDisposed(): boolean {
@@ -257,36 +259,53 @@ export class IdleWarning {
     }
     window.clearInterval(this._timer);
     this._timer = 0;
+    document.removeEventListener('visibilitychange', this._onVisible);
     this.model.changed.disconnect(this._fetched, this);
     this._dismiss();
   }
 
   private _fetched(): void {
-    this._fetchedAt = Date.now();
     this._show();
+  }
+
+  /** Back to the tab with a warning shown: whether it still holds. */
+  private _onVisible = (): void => {
+    if (document.visibilityState === 'visible' && this._id) {
+      void this._check();
+    }
+  };
+
+  private async _check(): Promise<void> {
+    if (this._checking) {
+      return;
+    }
+    this._checking = true;
+    try {
+      await this.model.refreshStatus();
+    } catch {
+      this._unansweredAt = Date.now(); // the service does not answer: go by what is known
+    } finally {
+      this._checking = false;
+    }
   }
 
   private async _tick(): Promise<void> {
     const idle = this.model.status?.idle;
-    const warnAt = idle ? Date.parse(idle.warn_at) : Infinity;
-    if (Date.now() >= warnAt && this._fetchedAt < warnAt && !this._checking) {
+    if (idle && Date.now() >= Date.parse(idle.warn_at) && !this._holds(idle.warn_at)) {
       // Due by a deadline fetched before its warning time: SSH, the GPU or a kernel may have moved it.
-      this._checking = true;
-      try {
-        await this.model.refreshStatus();
-      } catch {
-        this._fetchedAt = Date.now(); // the service does not answer: go by what is known
-      } finally {
-        this._checking = false;
-      }
+      await this._check();
     }
     this._show();
   }
 
+  /** Whether the known deadline was still the deadline at its warning time. */
+  private _holds(warnAt: string): boolean {
+    return Math.max(this.model.statusAt, this._unansweredAt) >= Date.parse(warnAt);
+  }
+
   private _show(): void {
     const idle = this.model.status?.idle;
-    // warn only by a deadline that still held at its warning time
-    if (!idle || Date.now() < Date.parse(idle.warn_at) || this._fetchedAt < Date.parse(idle.warn_at)) {
+    if (!idle || Date.now() < Date.parse(idle.warn_at) || !this._holds(idle.warn_at)) {
       this._dismiss();
       return;
     }
@@ -326,7 +345,7 @@ export class IdleWarning {
 
   private _timer: number;
   private _checking = false;
-  private _fetchedAt = 0;
+  private _unansweredAt = 0;
   private _id: string | null = null;
   private _deadline: string | null = null;
   private _message = '';

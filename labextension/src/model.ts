@@ -12,6 +12,8 @@ export class WorkstationModel {
   status: IStatus | null = null;
   snapshots: ISnapshot[] = [];
   error: string | null = null;
+  /** When the request for `status` was sent (ms since the epoch): what it says held then. */
+  statusAt = 0;
 
   constructor() {
     this._poll = new Poll({
@@ -34,7 +36,9 @@ export class WorkstationModel {
   /** Fetch the status now, even while the poll stands by (the idle warning checks its deadline). */
   async refreshStatus(): Promise<void> {
     if (this.info?.configured) {
+      const sentAt = Date.now();
       this.status = await api.status();
+      this.statusAt = sentAt;
       this._changed.emit();
     }
   }
@@ -49,8 +53,10 @@ export class WorkstationModel {
         this.info = await api.info();
       }
       if (this.info.configured) {
+        const sentAt = Date.now();
         const [status, snapshots] = await Promise.all([api.status(), api.snapshots()]);
         this.status = status;
+        this.statusAt = sentAt;
         this.snapshots = snapshots;
       }
       this.error = null;
