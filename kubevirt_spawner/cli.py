@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import signal
 import sys
 
 
@@ -14,8 +15,9 @@ def _sim(args) -> int:
     from .sim.schema import SchemaError
     try:
         asyncio.run(serve_forever(args.state, args.port, speed=args.speed, schemas_dir=args.schemas,
-                                  guest_mode=args.guests, guest_command=args.guest_command or None))
-    except SchemaError as exc:
+                                  guest_mode=args.guests, guest_command=args.guest_command or None,
+                                  golden_image=args.golden_image))
+    except (SchemaError, ValueError) as exc:
         print(f"kubevirt-spawner sim: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
@@ -31,6 +33,10 @@ def _demo(args) -> int:
 
 def _service(args) -> int:
     from .service.web import serve
+    # JupyterHub stops its managed services with SIGINT (then SIGTERM after interrupt_timeout), and a
+    # hub started from a background job hands it down ignored, which Python then leaves ignored:
+    # answer it in any case.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C (a hand-started service) is a normal end
         asyncio.run(serve(args.port, args.config, args.ip))
     return 0
@@ -46,8 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     sim.add_argument("--speed", type=float, default=1.0, help="controller speed factor (10 = ten times faster)")
     sim.add_argument("--schemas", default=None, help="folder of the upstream schemas (default: ../shared/schemas "
                                                      "or $KUBEVIRT_SCHEMAS_DIR)")
-    sim.add_argument("--guests", choices=("process", "null"), default="process",
-                     help="run a Jupyter server per running VMI, or one shared null responder")
+    sim.add_argument("--guests", choices=("process", "null", "qemu"), default="process",
+                     help="run a Jupyter server per running VMI, one shared null responder, or a QEMU virtual "
+                          "machine booting the VM's disk")
+    sim.add_argument("--golden-image", default=None,
+                     help="with --guests qemu: the directory deploy/golden-image/build.sh made (its disk fills "
+                          "the golden PVC, its kernel boots the machines)")
     sim.add_argument("--guest-command", nargs="*", help="command each guest runs instead of Jupyter")
     sim.set_defaults(func=_sim)
     demo = sub.add_parser("demo", help="run the local demo: simulator, proxy and JupyterHub")
@@ -65,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command in ("sim", "demo") and args.speed <= 0:
         parser.error("--speed must be positive")
+    if args.command == "sim" and args.golden_image and args.guests != "qemu":
+        parser.error("--golden-image is for --guests qemu (the other guests boot no disk image)")
     return args.func(args)
 
 

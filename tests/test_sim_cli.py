@@ -73,3 +73,15 @@ def test_the_simulator_runs_without_the_upstream_schemas_and_says_so_once(tmp_pa
         assert refused.value.status == 422 and "mutually exclusive" in refused.value.body
     finally:
         sim.stop()
+
+
+def test_sim_command_refuses_qemu_guests_without_a_golden_image_and_an_image_for_other_guests(tmp_path):
+    cli = [sys.executable, "-m", "kubevirt_spawner.cli", "sim", "--state", str(tmp_path / "state")]
+    res = subprocess.run([*cli, "--guests", "qemu"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "qemu guests boot a golden image" in res.stderr
+    res = subprocess.run([*cli, "--guests", "qemu", "--golden-image", str(tmp_path)], capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 2 and "no readable image.json" in res.stderr
+    res = subprocess.run([*cli, "--golden-image", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "--golden-image is for --guests qemu" in res.stderr
+    assert not (tmp_path / "state" / "objects.json").exists()

@@ -19,6 +19,7 @@ from .auth import Authenticator
 from .compute import NODE, VM, VMI, Compute
 from .faults import Faults
 from .launcher import POD
+from .machines import GoldenImage
 from .network import SERVICE, Network
 from .rbac import ensure_bootstrap_policy
 from .resources import BY_KIND
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 NAMESPACE = BY_KIND["Namespace"]
 
 # Seconds each step takes at --speed 1, close to what a real cluster shows.
+GUEST_MODES = ("process", "null", "qemu")
 DEFAULT_TIMING = {
     "bind": 1.0,             # CSI provisioning of a new RBD image
     "clone_schedule": 2.0,   # DataVolume CloneScheduled -> CloneInProgress
@@ -80,9 +82,15 @@ def _free(ip: str, port: int) -> bool:
 
 class Cluster:
     def __init__(self, state_dir: str, speed: float = 1.0, schemas_dir: str | None = None,
-                 guest_mode: str = "process", guest_command: list[str] | None = None, timing: dict | None = None):
-        if guest_mode not in ("process", "null"):
-            raise ValueError(f"guest mode must be 'process' or 'null', not {guest_mode!r}")
+                 guest_mode: str = "process", guest_command: list[str] | None = None, timing: dict | None = None,
+                 golden_image: str | None = None):
+        if guest_mode not in GUEST_MODES:
+            raise ValueError(f"guest mode must be 'process', 'null' or 'qemu', not {guest_mode!r}")
+        if guest_mode == "qemu" and not golden_image:
+            raise ValueError("qemu guests boot a golden image: give the directory deploy/golden-image/build.sh "
+                             "made (--golden-image)")
+        # qemu guests: what every machine boots (the golden PVC's disk, the kernel)
+        self.golden = GoldenImage.load(golden_image) if guest_mode == "qemu" and golden_image else None
         if speed <= 0:
             raise ValueError("speed must be a positive factor")
         self.state_dir = os.path.abspath(state_dir)

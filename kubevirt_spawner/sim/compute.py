@@ -4,11 +4,15 @@ restart, and the guest agent calls."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import copy
 import logging
 import os
+import shutil
 
 from ..objects import WORKSPACE_DISK_SERIAL, WORKSPACE_MOUNT, field_value
+from ..quantity import parse_quantity
 from . import errors
 from .admission import check_quota, gpu_requests
 from .conditions import condition, drop_condition, get_condition, set_condition
@@ -23,7 +27,10 @@ from .guests import (
     write_nvidia_smi,
     write_processes,
 )
+from .isos import config_disk, firmware_uuid, nocloud_disk
 from .launcher import POD, SCHEDULABLE_LABEL, Launchers, pod_ready
+from .machines import QemuGuest, machine_accelerator, new_machine, volume_image, workdir_for
+from .qemu import Disk
 from .resources import BY_KIND
 from .scheduler import node_ready, schedule
 from .timeutil import now_iso, seconds_since
@@ -83,7 +90,7 @@ class Compute:
     def __init__(self, cluster):
         self.c = cluster
         self.store = cluster.store
-        self.guests: dict[tuple[str, str], Guest] = {}
+        self.guests: dict[tuple[str, str], Guest | QemuGuest] = {}
         self.agents: dict[tuple[str, str], bool] = {}  # agent connectivity override per VMI
         self.users: dict[tuple[str, str], list[dict]] = {}
         self.gpu_utilization: dict[tuple[str, str], float] = {}
@@ -93,6 +100,7 @@ class Compute:
         self.guest_behaviour: dict[tuple[str, str], dict] = {}
         self.violations: list[dict] = []
         self._stopping: set[tuple[str, str]] = set()
+        self._booting: set[tuple[str, str]] = set()  # QEMU machines being set up (their disks made)
         self._shutdowns: set[asyncio.Task] = set()  # guests shutting down, each on its own time
         self.launchers = Launchers(cluster)
         self.store.listeners.append(self._forget_facts)
@@ -578,7 +586,11 @@ class Compute:
                                         "PVCs must be shared (using ReadWriteMany access mode)"))
         self._write_vmi_status(vmi, status)
         self.c.events.record(vmi, "Normal", "Started", "VirtualMachineInstance started.", "virt-handler")
-        if root is not None:
+        if root is not None and self.c.guest_mode == "qemu":
+            if key not in self._booting:
+                self._booting.add(key)
+                await self._boot_machine(vmi, ip)
+        elif root is not None:
             first_boot(root)
             self._mount_workspace(vmi, root)
             await self._start_guest(vmi, ip, root)
@@ -675,25 +687,122 @@ class Compute:
         self.write_guest_facts(key)
         return guest
 
-    def _powered_off(self, guest: Guest):
+    async def _boot_machine(self, vmi: dict, ip: str):
+        """Set the machine up and start it; the VMI's key is in _booting meanwhile, so another
+        reconcile does not start a second machine on the same disks."""
+        key = (vmi["metadata"]["namespace"], vmi["metadata"]["name"])
+        try:
+            guest = await self._register_machine(vmi, ip)
+        except Exception as exc:  # (ISO tools, disk images, the accelerator probe: any of them)
+            log.error("%s/%s: its machine could not be set up: %s", *key, exc)
+            self.c.events.record(vmi, "Warning", "SyncFailed", f"the domain could not be defined: {exc}",
+                                 "virt-handler")
+            return
+        finally:
+            self._booting.discard(key)
+        current = self.store.get(VMI, *key)
+        if current is None or current["metadata"]["uid"] != guest.uid or current["metadata"].get("deletionTimestamp"):
+            self._powered_off(guest)  # stopped while its disks were set up
+            return
+        await self._launch(guest)
+
+    async def _register_machine(self, vmi: dict, ip: str) -> QemuGuest:
+        """A QEMU machine for the VMI, with its disks and configuration disks as virt-launcher
+        attaches them; known before it starts, so a second reconcile does not start it twice."""
+        key = (vmi["metadata"]["namespace"], vmi["metadata"]["name"])
+        old = self.guests.pop(key, None)
+        if old is not None:
+            old.kill()
+        workdir = workdir_for(key)
+        try:
+            disks = await asyncio.get_running_loop().run_in_executor(None, self._machine_disks, vmi, workdir)
+        except (OSError, RuntimeError):
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise
+        if self.guests.get(key) is not None:  # (a stop, or the node lost, meanwhile: nothing to boot)
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise RuntimeError("a machine runs already")
+        console = os.path.join(self.c.state_dir, "guests", f"{key[0]}_{key[1]}.console.log")
+        accel = await asyncio.get_running_loop().run_in_executor(None, machine_accelerator, self.c.golden.kernel)
+        machine = new_machine(key[1], vmi.get("spec") or {}, disks, ip, self.c.golden, workdir, console, accel)
+        guest = QemuGuest(key, machine, workdir, os.path.join(self.c.state_dir, "guests", f"{key[0]}_{key[1]}.log"),
+                          on_agent_change=lambda: self.c.vmi_queue.add(key))
+        guest.uid = vmi["metadata"]["uid"]
+        self.guests[key] = guest
+        return guest
+
+    def _machine_disks(self, vmi: dict, workdir: str) -> list[Disk]:
+        """The VMI's disks in boot order: volumes as their disk images, Secret volumes and
+        cloud-init as the ISO images virt-launcher builds from them."""
+        ns, name = vmi["metadata"]["namespace"], vmi["metadata"]["name"]
+        volumes = {v["name"]: v for v in field_value(vmi, "spec.volumes") or []}
+        disks = sorted(field_value(vmi, "spec.domain.devices.disks") or [],
+                       key=lambda d: d.get("bootOrder") or 1_000_000)  # (stable: the rest in spec order)
+        out = []
+        for disk in disks:
+            volume = volumes.get(disk.get("name")) or {}
+            claim = (volume.get("persistentVolumeClaim") or {}).get("claimName") or \
+                (volume.get("dataVolume") or {}).get("name")
+            if claim:
+                pvc = self.store.get(PVC, ns, claim)
+                size = int(parse_quantity(field_value(pvc, "status.capacity.storage") or "1Gi"))
+                path = volume_image(self.c.volume_dir(pvc), size)
+            elif "secret" in volume:
+                secret = self.store.get(SECRET, ns, volume["secret"].get("secretName") or "")
+                data = {k: v.encode() for k, v in (self.c.secret_data(secret) if secret else {}).items()}
+                path = config_disk(data, os.path.join(workdir, f"{disk['name']}.iso"),
+                                   volume["secret"].get("volumeLabel") or "cfgdata")
+            elif "cloudInitNoCloud" in volume:
+                user_data, network_data = self._cloud_init(ns, volume["cloudInitNoCloud"])
+                path = nocloud_disk(os.path.join(workdir, "cloudinit.iso"), firmware_uuid(name), name,
+                                    user_data, network_data)
+            else:
+                continue  # (kinds this product does not attach)
+            out.append(Disk(path, disk.get("serial")))
+        return out
+
+    def _cloud_init(self, ns: str, source: dict) -> tuple[str, str]:
+        """User and network data of a cloudInitNoCloud volume: inline, base64, or from a Secret's
+        `userdata` / `networkdata` keys (kubevirt pkg/cloud-init/cloud-init.go)."""
+        def from_secret(ref: str, keys: tuple[str, ...]) -> str | None:
+            name = (source.get(ref) or {}).get("name")
+            secret = self.store.get(SECRET, ns, name) if name else None
+            data = self.c.secret_data(secret) if secret else {}
+            return next((data[k] for k in keys if k in data), None)
+        user = source.get("userData") or _b64(source.get("userDataBase64")) or \
+            from_secret("secretRef", ("userdata", "userData")) or ""
+        network = source.get("networkData") or _b64(source.get("networkDataBase64")) or \
+            from_secret("networkDataSecretRef", ("networkdata", "networkData")) or ""
+        return user, network
+
+    def _powered_off(self, guest: Guest | QemuGuest):
         """The machine is off: its guest is let go, and what it kept in memory (/run, /dev, /proc)
         is gone; not when a newer boot of the VMI has taken its place meanwhile."""
+        if isinstance(guest, QemuGuest):
+            guest.discard()  # (its configuration disks hold the hub's token)
         if self.guests.get(guest.key) is guest:
             del self.guests[guest.key]
-            clear_runtime(guest.root)
+            if guest.root:
+                clear_runtime(guest.root)
 
     def write_guest_facts(self, key: tuple[str, str]):
         """What the fault API says happens inside a running guest, where a Linux guest keeps it:
         login records and tty input times under its root, an nvidia-smi on its PATH."""
         guest = self.guests.get(key)
         vmi = self.store.get(VMI, *key)
-        if guest is None or vmi is None:
-            return
+        if not isinstance(guest, Guest) or vmi is None:
+            return  # (a QEMU guest has its own)
         write_logins(guest.root, self.users.get(key, []))
         # the product name the driver reports for a device plugin's resource (nvidia.com/A100-PCIE-40GB)
         gpus = ["NVIDIA " + g.get("deviceName", "GPU").rsplit("/", 1)[-1]
                 for g in field_value(vmi, "spec.domain.devices.gpus") or []]
         write_nvidia_smi(guest.bindir, gpus, self.gpu_utilization.get(key, 0.0))
+        self._write_processes(key)
+
+    def _write_processes(self, key: tuple[str, str]):
+        guest, vmi = self.guests.get(key), self.store.get(VMI, *key)
+        if not isinstance(guest, Guest) or vmi is None:
+            return
         cpus = int(float(field_value(vmi, "spec.domain.cpu.cores") or 1)) or 1
         write_processes(guest.root, self.processes.get(key, []), self.users.get(key, []), guest.booted, cpus)
 
@@ -703,31 +812,38 @@ class Compute:
             await asyncio.sleep(1.0)
             for key in [k for k, procs in self.processes.items() if procs and k in self.guests]:
                 try:
-                    self.write_guest_facts(key)
+                    self._write_processes(key)  # (logins and GPUs change only through the fault API)
                 except OSError as exc:  # the machine's disk went away meanwhile
                     log.debug("guest facts of %s/%s: %s", *key, exc)
                 except Exception:  # one guest's trouble must not end the refreshes of all of them
                     log.exception("guest facts of %s/%s could not be refreshed", *key)
 
-    async def _launch(self, guest: Guest):
+    async def _launch(self, guest: Guest | QemuGuest):
         key = guest.key
         try:
-            if self.c.guest_mode == "null":
+            if isinstance(guest, QemuGuest):
+                await guest.start()
+                if self.guests.get(key) is not guest:  # stopped while QEMU was starting
+                    guest.kill()
+                    return
+            elif self.c.guest_mode == "null":
                 await guest.start_null()
             else:
                 await guest.start_process()
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
             log.error("guest %s/%s could not start: %s", *key, exc)
             self._guest_exited(guest, 1)
             return
         asyncio.get_running_loop().create_task(self._watch_guest(guest))
 
-    async def _watch_guest(self, guest: Guest):
+    async def _watch_guest(self, guest: Guest | QemuGuest):
         code = await guest.wait()
         self._guest_exited(guest, code)
 
-    def _guest_exited(self, guest: Guest, code: int):
+    def _guest_exited(self, guest: Guest | QemuGuest, code: int):
         ns, name = guest.key
+        if isinstance(guest, QemuGuest):
+            log.info("%s/%s: QEMU ended (%s)", ns, name, code)
         self._powered_off(guest)
         if guest.key in self._stopping or not self.c.started:
             return  # a requested shutdown (_terminate finishes the VMI) or the simulator stopping
@@ -744,8 +860,11 @@ class Compute:
 
     def agent_connected(self, vmi: dict) -> bool:
         key = (vmi["metadata"]["namespace"], vmi["metadata"]["name"])
+        guest = self.guests.get(key)
+        if isinstance(guest, QemuGuest):  # the real agent: connected while it answers
+            return self.agents.get(key, True) and guest.alive and guest.agent_connected
         return self.agents.get(key, True) and field_value(vmi, "status.phase") == "Running" \
-            and key in self.guests and self.guests[key].alive
+            and guest is not None and guest.alive
 
     def _sync_running(self, vmi: dict, pod: dict):
         ns, name = vmi["metadata"]["namespace"], vmi["metadata"]["name"]
@@ -759,7 +878,13 @@ class Compute:
             self._write_vmi_status(vmi, status)
             return
         set_condition(status, condition("Ready", "True"))
-        if (ns, name) not in self.guests and self.c.started and self.root_dir(vmi) is not None \
+        if (ns, name) not in self.guests and self.c.started and self.c.guest_mode == "qemu":
+            # The simulator restarted under a running machine, which went with it: it boots again.
+            if (ns, name) not in self._booting:
+                self._booting.add((ns, name))
+                ip = field_value(vmi, "status.interfaces")[0]["ipAddress"]
+                asyncio.get_running_loop().create_task(self._boot_machine(vmi, ip))
+        elif (ns, name) not in self.guests and self.c.started and self.root_dir(vmi) is not None \
                 and boot_problem(self.root_dir(vmi)) is None:
             # The simulator restarted under a running machine: bring its guest back.
             guest = self._register_guest(vmi, field_value(vmi, "status.interfaces")[0]["ipAddress"],
@@ -785,6 +910,8 @@ class Compute:
         """The guest agent connects once the guest has booted far enough to start it: the `agent`
         delay, or the guest's own (which may be never)."""
         key = (vmi["metadata"]["namespace"], vmi["metadata"]["name"])
+        if isinstance(self.guests.get(key), QemuGuest):
+            return True  # (its agent is connected when it answers)
         stamps = field_value(vmi, "status.phaseTransitionTimestamps") or []
         running = [s for s in stamps if s["phase"] == "Running"]
         due = self._guest_seconds(key, "agent")
@@ -831,7 +958,7 @@ class Compute:
         new["metadata"]["finalizers"] = [f for f in vmi["metadata"].get("finalizers") or [] if f != VMI_FINALIZER]
         self.store.update(VMI, new, check_rv=False)
 
-    async def _shut_down_then_finish(self, guest: Guest, vmi: dict):
+    async def _shut_down_then_finish(self, guest: Guest | QemuGuest, vmi: dict):
         key = guest.key
         try:
             await self._shut_down(guest, vmi)
@@ -840,12 +967,15 @@ class Compute:
             self._powered_off(guest)
             self.c.vmi_queue.add(key)
 
-    async def _shut_down(self, guest: Guest, vmi: dict):
+    async def _shut_down(self, guest: Guest | QemuGuest, vmi: dict):
         """An ACPI shutdown as virt-handler drives it (pkg/virt-handler/vm.go): the guest takes its
         shutdown time; once the grace period is over (a stop may shorten it meanwhile) it is
         powered off."""
         began = asyncio.get_running_loop().time()
         shutdown = self._guest_seconds(guest.key, "shutdown") or 0.0
+        if isinstance(guest, QemuGuest):  # the guest really shuts down: until QEMU ends, at most the grace period
+            await guest.request_shutdown()
+            shutdown = float("inf")
 
         def grace() -> float:
             value = guest.grace_override
@@ -855,15 +985,22 @@ class Compute:
                 value = field_value(vmi, "spec.terminationGracePeriodSeconds")
             return float(DEFAULT_GRACE_SECONDS if value is None else value)
 
-        while True:
-            remaining = began + min(shutdown, grace()) - asyncio.get_running_loop().time()
-            if remaining <= 0:
-                break
-            guest.hurried.clear()
-            try:
-                await asyncio.wait_for(guest.hurried.wait(), remaining)
-            except asyncio.TimeoutError:
-                break
+        ended = asyncio.ensure_future(guest.exited()) if isinstance(guest, QemuGuest) else None
+        try:
+            while ended is None or not ended.done():
+                remaining = began + min(shutdown, grace()) - asyncio.get_running_loop().time()
+                if remaining <= 0:
+                    break
+                guest.hurried.clear()
+                hurried = asyncio.ensure_future(guest.hurried.wait())
+                done, _ = await asyncio.wait({hurried, *([ended] if ended else [])}, timeout=remaining,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                hurried.cancel()
+                if not done:
+                    break
+        finally:
+            if ended is not None:
+                ended.cancel()
         left = began + grace() - asyncio.get_running_loop().time()
         await guest.stop(max(left, 0.0))
 
@@ -1000,6 +1137,9 @@ class Compute:
             raise errors.agent_unavailable("VMI is not running")
         if not self.agent_connected(vmi):
             raise errors.agent_unavailable("VMI does not have guest agent connected")
+        guest = self.guests.get((ns, name))
+        if isinstance(guest, QemuGuest):
+            return qemu_agent_answer(guest.agent_info, call, name)
         if call == "guestosinfo":
             info = self.guest_os_info(vmi)
             return {"guestAgentVersion": "8.2.2", "hostname": name, "os": info, "timezone": "UTC, 0",
@@ -1015,6 +1155,9 @@ class Compute:
         raise errors.bad_request(f"unknown guest agent call {call}")
 
     def guest_os_info(self, vmi: dict) -> dict:
+        guest = self.guests.get((vmi["metadata"]["namespace"], vmi["metadata"]["name"]))
+        if isinstance(guest, QemuGuest):
+            return qemu_os_info(guest.agent_info.get("osinfo") or {})
         root = self.root_dir(vmi)
         release = {}
         if root:
@@ -1039,7 +1182,6 @@ class Compute:
         claims = dict(claim_names(vmi.get("spec") or {}))
         pvc = self.store.get(PVC, ns, claims.get((field_value(vmi, "spec.domain.devices.disks") or [{}])[0]
                                                  .get("name"), ""))
-        from ..quantity import parse_quantity
         total = int(parse_quantity(field_value(pvc, "status.capacity.storage") or "0")) if pvc else 0
         used = directory_size(root)  # (os.walk does not follow the workspace's link)
         out = [{"diskName": "vda1", "mountPoint": "/", "fileSystemType": "ext4", "usedBytes": used,
@@ -1054,6 +1196,42 @@ class Compute:
         return out
 
 
+def qemu_os_info(osinfo: dict) -> dict:
+    """guest-get-osinfo's answer as KubeVirt words it (VirtualMachineInstanceGuestOSInfo)."""
+    names = {"name": "name", "prettyName": "pretty-name", "version": "version", "versionId": "version-id",
+             "id": "id", "kernelRelease": "kernel-release", "kernelVersion": "kernel-version", "machine": "machine"}
+    return {ours: osinfo[theirs] for ours, theirs in names.items() if theirs in osinfo}
+
+
+def qemu_agent_answer(info: dict, call: str, hostname: str) -> dict:
+    """A guest-agent subresource from the real agent's latest answers, in KubeVirt's types
+    (staging/src/kubevirt.io/api/core/v1/types.go: VirtualMachineInstanceGuestAgentInfo,
+    VirtualMachineInstanceGuestOSUserList, VirtualMachineInstanceFileSystemList), as virt-handler's
+    agent poller converts them (pkg/virt-launcher/virtwrap/agent-poller)."""
+    users = [{"userName": u.get("user", ""), "loginTime": u.get("login-time", 0),
+              **({"domain": u["domain"]} if u.get("domain") else {})} for u in info.get("users") or []]
+    filesystems = [{"diskName": f.get("name", ""), "mountPoint": f.get("mountpoint", ""),
+                    "fileSystemType": f.get("type", ""), "usedBytes": f.get("used-bytes", 0),
+                    "totalBytes": f.get("total-bytes", 0),
+                    "disk": [{k: d[q] for k, q in (("busType", "bus-type"), ("serial", "serial")) if d.get(q)}
+                             for d in f.get("disk") or []]}
+                   for f in info.get("fsinfo") or []]
+    if call == "userlist":
+        return {"metadata": {}, "items": users}
+    if call == "filesystemlist":
+        return {"metadata": {}, "items": filesystems}
+    if call != "guestosinfo":
+        raise errors.bad_request(f"unknown guest agent call {call}")
+    zone = info.get("timezone") or {}
+    return {"guestAgentVersion": (info.get("info") or {}).get("version", ""),
+            "hostname": (info.get("hostname") or {}).get("host-name", hostname),
+            "os": qemu_os_info(info.get("osinfo") or {}),
+            "timezone": f"{zone.get('zone', 'UTC')}, {zone.get('offset', 0)}",
+            "userList": users, "fsInfo": {"disks": filesystems},
+            "supportedCommands": [{"name": c.get("name", ""), "enabled": bool(c.get("enabled"))}
+                                  for c in (info.get("info") or {}).get("supported_commands") or []]}
+
+
 def directory_size(path: str) -> int:
     total = 0
     for dirpath, _dirs, files in os.walk(path):
@@ -1063,6 +1241,15 @@ def directory_size(path: str) -> int:
             except OSError:
                 pass
     return total
+
+
+def _b64(text: str | None) -> str | None:
+    if not text:
+        return None
+    try:
+        return base64.b64decode(text).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        return None
 
 
 def _mac(ip: str) -> str:

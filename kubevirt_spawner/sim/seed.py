@@ -6,6 +6,8 @@ import copy
 import os
 import uuid
 
+from .machines import DISK_IMAGE
+from .qemu import sparse_copy
 from .resources import BY_KIND
 from .timeutil import now_iso
 
@@ -110,15 +112,22 @@ def seed_cluster(cluster):
         cluster.defaults(rt, obj)
         store.create(rt, obj)
     pvc_rt = BY_KIND["PersistentVolumeClaim"]
+    # The golden PVC holds the built image's disk where guests boot it, sized to it (rounded up to
+    # GiB), else a small directory tree as large as the design document's image.
+    size = f"{-(-os.path.getsize(cluster.golden.disk) // 2**30)}Gi" if cluster.golden is not None else "60Gi"
     pvc = store.create(pvc_rt, {
         "apiVersion": "v1", "kind": "PersistentVolumeClaim",
         "metadata": {"name": GOLDEN_PVC, "namespace": GOLDEN_NAMESPACE,
                      "labels": {"platform.example.com/golden-image": "true"},
                      "finalizers": ["kubernetes.io/pvc-protection"]},
         "spec": {"accessModes": ["ReadWriteOnce"], "volumeMode": "Block", "storageClassName": "ceph-rbd",
-                 "resources": {"requests": {"storage": "60Gi"}}, "volumeName": "pvc-golden-ubuntu-24-04-cuda"},
+                 "resources": {"requests": {"storage": size}}, "volumeName": "pvc-golden-ubuntu-24-04-cuda"},
     })
     pvc = dict(pvc)
-    pvc["status"] = {"phase": "Bound", "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "60Gi"}}
+    pvc["status"] = {"phase": "Bound", "accessModes": ["ReadWriteOnce"], "capacity": {"storage": size}}
     store.update(pvc_rt, pvc, subresource="status", check_rv=False)
-    golden_tree(cluster.volume_dir(pvc))
+    if cluster.golden is not None:
+        os.makedirs(cluster.volume_dir(pvc), exist_ok=True)
+        sparse_copy(cluster.golden.disk, os.path.join(cluster.volume_dir(pvc), DISK_IMAGE))
+    else:
+        golden_tree(cluster.volume_dir(pvc))

@@ -12,6 +12,8 @@ from ..objects import field_value
 from ..quantity import parse_quantity
 from .compute import VM, VMI, claim_names, run_strategy
 from .conditions import condition, get_condition, set_condition
+from .machines import QemuGuest
+from .qemu import AgentError
 from .resources import BY_KIND
 from .storage import POPULATED_FOR, PRE_POPULATED, copy_tree, replace_tree
 from .timeutil import now_iso, seconds_since
@@ -139,7 +141,53 @@ class Snapshots:
                              f"Successfully completed VirtualMachineSnapshot {name}", "snapshot-controller")
 
     async def _take(self, snap: dict, vm: dict):
-        """Copy every disk of the VM, crash-consistently, into VolumeSnapshots."""
+        """Copy every disk of the VM into VolumeSnapshots; a QEMU guest's filesystems frozen by its
+        agent meanwhile, as virt-handler freezes them for an online snapshot with a connected agent
+        (pkg/storage/snapshot/source.go Freeze/Unfreeze; the VMI's status.fsFreezeStatus says
+        "frozen" while they are)."""
+        vmi = self.store.get(VMI, snap["metadata"]["namespace"], vm["metadata"]["name"])
+        guest = self.c.compute.guests.get((snap["metadata"]["namespace"], vm["metadata"]["name"]))
+        frozen = False
+        if isinstance(guest, QemuGuest) and vmi is not None and self.c.compute.agent_connected(vmi):
+            try:
+                await guest.freeze()
+                frozen = True
+                self._freeze_status(vmi, "frozen")
+            except AgentError as err:  # then it is only crash-consistent, and says so
+                self.c.events.record(snap, "Warning", "FreezeFailed", str(err), "snapshot-controller")
+                self._not_quiesced(snap)
+        try:
+            await self._copy_volumes(snap, vm)
+        finally:
+            if frozen:
+                try:
+                    await guest.thaw()
+                except AgentError as err:  # (qemu-ga never thaws by itself: the guest stays frozen)
+                    self.c.events.record(snap, "Warning", "ThawFailed", str(err), "snapshot-controller")
+                self._freeze_status(vmi, None)
+
+    def _not_quiesced(self, snap: dict):
+        current = self.store.get(SNAP, snap["metadata"]["namespace"], snap["metadata"]["name"])
+        if current is None:
+            return
+        status = copy.deepcopy(current.get("status") or {})
+        indications = sorted(["Online", "NoGuestAgent"])
+        status["indications"] = indications
+        status["sourceIndications"] = [{"indication": i, "message": INDICATION_MESSAGES[i]} for i in indications]
+        self._write(SNAP, current, status)
+
+    def _freeze_status(self, vmi: dict, value: str | None):
+        current = self.store.get(VMI, vmi["metadata"]["namespace"], vmi["metadata"]["name"])
+        if current is None or current["metadata"]["uid"] != vmi["metadata"]["uid"]:
+            return
+        status = copy.deepcopy(current.get("status") or {})
+        if value:
+            status["fsFreezeStatus"] = value
+        else:
+            status.pop("fsFreezeStatus", None)
+        self._write(VMI, current, status)
+
+    async def _copy_volumes(self, snap: dict, vm: dict):
         ns = snap["metadata"]["namespace"]
         uid = snap["metadata"]["uid"]
         spec = field_value(vm, "spec.template.spec") or {}

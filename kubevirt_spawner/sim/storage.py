@@ -15,6 +15,7 @@ from . import errors
 from .admission import admit
 from .conditions import condition, set_condition
 from .guests import not_on_disk
+from .qemu import sparse_copy
 from .resources import BY_KIND
 
 log = logging.getLogger(__name__)
@@ -361,7 +362,19 @@ def copy_tree(src: str, dst: str):
     not a running guest's in-memory /run, /dev and /proc the simulator keeps beside it."""
     os.makedirs(dst, exist_ok=True)
     if src and os.path.isdir(src):
-        shutil.copytree(src, dst, dirs_exist_ok=True, symlinks=True, ignore=not_on_disk(src))
+        shutil.copytree(src, dst, dirs_exist_ok=True, symlinks=True, ignore=not_on_disk(src), copy_function=_copy_file)
+
+
+DISK_IMAGE_SUFFIXES = (".img", ".raw")  # a QEMU guest's volume holds its disk as one image file
+
+
+def _copy_file(src: str, dst: str):
+    """A file of a volume: a disk image (a QEMU guest's volume) stays sparse, as a CSI clone's
+    copy-on-write does; anything else as shutil copies it."""
+    if src.endswith(DISK_IMAGE_SUFFIXES):
+        sparse_copy(src, dst)
+    else:
+        shutil.copy2(src, dst)
 
 
 def replace_tree(src: str, dst: str):

@@ -1,0 +1,160 @@
+"""How the simulator's QEMU guests are started: the command line virt-launcher's domain amounts to,
+for a golden image booted by its own kernel (the test image's direct kernel boot).
+
+What it mirrors (kubevirt pkg/virt-launcher/virtwrap/converter/converter.go and its testdata
+domain_x86_64.xml): a q35 machine with ACPI; vCPUs as sockets (converter/vcpu/vcpu.go); each disk a
+virtio-blk device carrying the VM's serial (the guest names it /dev/disk/by-id/virtio-SERIAL), the
+boot disk first; the guest agent's virtio-serial port org.qemu.guest_agent.0
+(converter/compute/channels.go); the serial console ttyS0 to a log (compute/console.go); one
+virtio NIC on the first PCIe root port, so the guest calls it enp1s0 as in a KubeVirt VM. The
+network is QEMU's user network laid out like KubeVirt's masquerade binding (pkg/network/link/
+address.go: gateway 10.0.2.1, guest 10.0.2.2), with the VMI's ports forwarded from its address
+(the binding's nftables DNAT, pkg/network/setup/netpod/masquerade/masquerade.go); the guest reaches
+the host's 127.0.0.1 through the gateway address (libslirp, src/socket.c sotranslate_out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+
+GATEWAY = "10.0.2.1"
+GUEST = "10.0.2.2"
+VIRTIO_BLK_ID_BYTES = 20  # QEMU hw/block/virtio-blk.c and Linux drivers/block/virtio_blk.c: the serial's bytes
+
+
+@dataclass(frozen=True)
+class Disk:
+    path: str
+    serial: str | None = None
+    readonly: bool = False
+
+
+@dataclass(frozen=True)
+class Machine:
+    name: str  # the VMI's name: the guest's DHCP hostname
+    cpus: int
+    memory_mib: int
+    kernel: str
+    initrd: str
+    cmdline: str
+    disks: tuple[Disk, ...]  # the boot disk first
+    forwards: tuple[tuple[str, int, int], ...]  # (address on this host, port there, port in the guest)
+    agent_socket: str
+    monitor_socket: str
+    console_log: str
+    accel: str = "tcg"  # "kvm" where it works
+
+
+def command(m: Machine, exe: str = "qemu-system-x86_64") -> list[str]:
+    """QEMU's arguments for machine `m`."""
+    for disk in m.disks:
+        if disk.serial is not None and len(disk.serial.encode()) > VIRTIO_BLK_ID_BYTES:
+            raise ValueError(f"the serial {disk.serial!r} is longer than the {VIRTIO_BLK_ID_BYTES} bytes "
+                             "virtio-blk gives a guest")
+    args = [exe, "-name", m.name, "-machine", f"q35,accel={m.accel}", "-cpu", "host" if m.accel == "kvm" else "max",
+            "-smp", f"{m.cpus},sockets={m.cpus},cores=1,threads=1", "-m", str(m.memory_mib),
+            "-nodefaults", "-display", "none", "-no-user-config",
+            "-kernel", m.kernel, "-initrd", m.initrd, "-append", m.cmdline,
+            "-serial", f"file:{m.console_log}", "-qmp", f"unix:{m.monitor_socket},server=on,wait=off"]
+    for n, disk in enumerate(m.disks):
+        drive = f"file={disk.path},if=none,id=disk{n},format=raw,discard=unmap" + (",readonly=on" if disk.readonly else "")
+        device = f"virtio-blk-pci,drive=disk{n}" + (f",serial={disk.serial}" if disk.serial else "") + \
+            (",bootindex=1" if n == 0 else "")
+        args += ["-drive", drive, "-device", device]
+    args += ["-device", "virtio-serial-pci",
+             "-chardev", f"socket,id=agent,path={m.agent_socket},server=on,wait=off",
+             "-device", "virtserialport,chardev=agent,name=org.qemu.guest_agent.0"]
+    forwards = "".join(f",hostfwd=tcp:{addr}:{port}-{GUEST}:{guest_port}" for addr, port, guest_port in m.forwards)
+    args += ["-device", "pcie-root-port,id=rp1,chassis=1,bus=pcie.0",
+             "-netdev", f"user,id=net0,net=10.0.2.0/24,host={GATEWAY},dhcpstart={GUEST},dns=10.0.2.3,"
+                        f"hostname={m.name}{forwards}",
+             "-device", "virtio-net-pci,netdev=net0,bus=rp1"]
+    return args
+
+
+def sparse_copy(src: str, dst: str) -> None:
+    """A disk image's copy (a CSI clone, a snapshot) that stays sparse: Python's file copy writes the
+    holes out (a 60 GiB disk would take 60 GiB), cp does not, and shares blocks where it can."""
+    cp = shutil.which("cp") or "cp"
+    subprocess.run([cp, "--sparse=always", "--reflink=auto", src, dst], check=True, capture_output=True)
+
+
+def accelerator(kernel: str, exe: str = "qemu-system-x86_64", timeout: float = 30.0) -> str:
+    """"kvm" when a KVM guest really boots here, else "tcg" (software emulation). /dev/kvm opening
+    is not enough: nested, a guest can hang, or QEMU abort setting up the vCPU. The probe boots the
+    image's kernel with no disk and panic=-1 -no-reboot, so a working KVM guest panics for want of a
+    root filesystem and QEMU exits within seconds."""
+    if not os.access("/dev/kvm", os.R_OK | os.W_OK):
+        return "tcg"
+    with tempfile.TemporaryDirectory() as directory:
+        console = os.path.join(directory, "console.log")
+        try:
+            done = subprocess.run([exe, "-machine", "q35,accel=kvm", "-cpu", "host", "-m", "256", "-nodefaults",
+                                   "-display", "none", "-no-user-config", "-kernel", kernel,
+                                   "-append", "console=ttyS0 panic=-1", "-no-reboot", "-serial", f"file:{console}"],
+                                  capture_output=True, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            return "tcg"
+        try:
+            with open(console, errors="replace") as f:
+                booted = "Kernel panic" in f.read()
+        except OSError:
+            booted = False
+    return "kvm" if done.returncode == 0 and booted else "tcg"
+
+
+class AgentError(Exception):
+    """The guest agent did not answer, or answered with an error (its class and description)."""
+
+
+class Agent:
+    """A client of the guest's qemu-guest-agent on the VM's virtio-serial socket, as libvirt is one
+    (qga/qapi-schema.json). The socket has no sessions and keeps what an earlier client left half
+    read, so every connection starts with guest-sync-delimited: the agent answers after a 0xFF
+    byte, and everything before that byte is dropped. One command at a time."""
+
+    def __init__(self, socket_path: str):
+        self.socket_path = socket_path
+        self._lock = asyncio.Lock()
+
+    async def call(self, command: str, arguments: dict | None = None, timeout: float = 10.0,
+                   reply: bool = True):
+        """`command`'s return value; None without a `reply` (guest-shutdown answers nothing)."""
+        async with self._lock:
+            try:
+                return await asyncio.wait_for(self._call(command, arguments, reply), timeout)
+            except (OSError, EOFError, asyncio.TimeoutError, asyncio.LimitOverrunError, ValueError) as err:
+                raise AgentError(f"the guest agent did not answer {command}: {err or type(err).__name__}") from err
+
+    async def _call(self, command: str, arguments: dict | None, reply: bool):
+        reader, writer = await asyncio.open_unix_connection(self.socket_path)
+        try:
+            token = random.randint(1, 2**31)
+            writer.write(b"\xff" + json.dumps({"execute": "guest-sync-delimited", "arguments": {"id": token}}).encode()
+                         + b"\n")
+            await writer.drain()
+            await reader.readuntil(b"\xff")
+            synced = False
+            while not synced:  # (lines before ours answer an earlier client)
+                synced = json.loads(await reader.readline()).get("return") == token
+            message: dict = {"execute": command}
+            if arguments:
+                message["arguments"] = arguments
+            writer.write(json.dumps(message).encode() + b"\n")
+            await writer.drain()
+            if not reply:
+                return None
+            answer = json.loads(await reader.readline())
+        finally:
+            writer.close()
+        if "error" in answer:
+            raise AgentError(f"the guest agent refused {command}: {answer['error'].get('class')}: "
+                             f"{answer['error'].get('desc')}")
+        return answer.get("return")

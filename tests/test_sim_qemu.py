@@ -1,0 +1,136 @@
+"""The QEMU command line of the simulator's qemu guests against what virt-launcher's domain amounts
+to (kubevirt pkg/virt-launcher/virtwrap/converter/converter.go, testdata/domain_x86_64.xml;
+converter/vcpu/vcpu.go; converter/compute/channels.go; pkg/network/link/address.go) and the
+20-byte virtio-blk serial (QEMU hw/block/virtio-blk.c)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from kubevirt_spawner.sim import qemu
+from kubevirt_spawner.sim.qemu import Disk, Machine
+
+
+def machine(**changes) -> Machine:
+    base = dict(name="alice-workstation", cpus=2, memory_mib=2048, kernel="vmlinuz", initrd="initrd.img",
+                cmdline="root=LABEL=kvs-root ro console=ttyS0",
+                disks=(Disk("root.raw", "rootdisk"), Disk("ws.raw", "workspace"), Disk("ci.iso"),
+                       Disk("env.iso", "hubenv")),
+                forwards=(("127.0.5.7", 8888, 8888), ("127.0.5.7", 22, 22)),
+                agent_socket="qga.sock", monitor_socket="qmp.sock", console_log="console.log")
+    base.update(changes)
+    return Machine(**base)  # type: ignore[arg-type]
+
+
+def test_the_command_line_is_the_domain_virt_launcher_defines():
+    args = qemu.command(machine())
+    line = " ".join(args)
+    assert "-machine q35,accel=tcg" in line and "-smp 2,sockets=2,cores=1,threads=1" in line and "-m 2048" in line
+    devices = [args[i + 1] for i, a in enumerate(args) if a == "-device"]
+    assert devices[:4] == ["virtio-blk-pci,drive=disk0,serial=rootdisk,bootindex=1",
+                           "virtio-blk-pci,drive=disk1,serial=workspace", "virtio-blk-pci,drive=disk2",
+                           "virtio-blk-pci,drive=disk3,serial=hubenv"]
+    assert "virtserialport,chardev=agent,name=org.qemu.guest_agent.0" in devices
+    # the NIC on the first PCIe root port: enp1s0 in the guest, as in a KubeVirt VM
+    assert devices[-2:] == ["pcie-root-port,id=rp1,chassis=1,bus=pcie.0", "virtio-net-pci,netdev=net0,bus=rp1"]
+    netdev = args[args.index("-netdev") + 1]
+    assert "host=10.0.2.1,dhcpstart=10.0.2.2" in netdev and "hostname=alice-workstation" in netdev
+    assert "hostfwd=tcp:127.0.5.7:8888-10.0.2.2:8888" in netdev and "hostfwd=tcp:127.0.5.7:22-10.0.2.2:22" in netdev
+    assert "-cpu host" in " ".join(qemu.command(machine(accel="kvm")))
+
+
+def test_a_serial_longer_than_virtio_gives_is_refused():
+    with pytest.raises(ValueError, match="longer than the 20 bytes"):
+        qemu.command(machine(disks=(Disk("root.raw", "r" * 21),)))
+
+
+def test_a_disk_copy_stays_sparse(tmp_path):
+    image = tmp_path / "disk.raw"
+    with open(image, "wb") as f:
+        f.truncate(512 * 1024 * 1024)
+        f.seek(4096)
+        f.write(b"data")
+    qemu.sparse_copy(str(image), str(tmp_path / "copy.raw"))
+    copy = os.stat(tmp_path / "copy.raw")
+    assert copy.st_size == 512 * 1024 * 1024 and copy.st_blocks * 512 < 1024 * 1024
+    assert (tmp_path / "copy.raw").read_bytes()[4096:4100] == b"data"
+
+
+@pytest.mark.parametrize("behaviour,expected", [
+    ('echo "failed to set MSR 0x10a" >&2; exit 134', "tcg"),  # what nested KVM does on this kind of host
+    ('sleep 30', "tcg"),  # a guest that hangs
+    ('exit 0', "tcg"),  # exited, but the kernel never ran
+    ('echo "Kernel panic - not syncing: VFS: Unable to mount root fs" > "$console"; exit 0', "kvm"),
+])
+def test_kvm_is_used_only_where_a_guest_really_boots(tmp_path, monkeypatch, behaviour, expected):
+    """The probe QEMU here is a script: its serial console is the file after `-serial file:`."""
+    if not os.access("/dev/kvm", os.R_OK | os.W_OK):
+        monkeypatch.setattr(qemu.os, "access", lambda path, mode: True)
+    fake = tmp_path / "qemu"
+    fake.write_text('#!/bin/sh\nfor a; do case "$a" in file:*) console="${a#file:}";; esac; done\n' + behaviour + "\n")
+    fake.chmod(0o755)
+    assert qemu.accelerator("vmlinuz", exe=str(fake), timeout=2) == expected
+
+
+def test_without_dev_kvm_it_is_tcg(monkeypatch):
+    monkeypatch.setattr(qemu.os, "access", lambda path, mode: False)
+    assert qemu.accelerator("vmlinuz", exe="/nonexistent") == "tcg"
+
+
+async def test_the_agent_client_syncs_then_asks(tmp_path):
+    """qga/qapi-schema.json: guest-sync-delimited is answered after a 0xFF byte, and the id comes
+    back; a leftover answer for an earlier client is skipped; errors carry class and desc;
+    guest-shutdown answers nothing."""
+    import asyncio
+    import json as json_
+    seen: list[dict] = []
+
+    async def agent(reader, writer):
+        while line := await reader.readline():
+            message = json_.loads(line.lstrip(b"\xff"))
+            seen.append(message)
+            if message["execute"] == "guest-sync-delimited":
+                writer.write(b'{"return": 7}\n\xff' + b'{"return": 1}\n'  # a stale answer first
+                             + json_.dumps({"return": message["arguments"]["id"]}).encode() + b"\n")
+            elif message["execute"] == "guest-get-users":
+                writer.write(b'{"return": [{"user": "bob", "login-time": 1796063290.5}]}\n')
+            elif message["execute"] == "guest-fsfreeze-thaw":
+                writer.write(b'{"error": {"class": "GenericError", "desc": "not frozen"}}\n')
+            await writer.drain()
+
+    path = str(tmp_path / "qga.sock")
+    server = await asyncio.start_unix_server(agent, path)
+    try:
+        a = qemu.Agent(path)
+        assert await a.call("guest-get-users") == [{"user": "bob", "login-time": 1796063290.5}]
+        with pytest.raises(qemu.AgentError, match="refused guest-fsfreeze-thaw: GenericError: not frozen"):
+            await a.call("guest-fsfreeze-thaw")
+        assert await a.call("guest-shutdown", reply=False) is None
+        await asyncio.sleep(0.1)
+        assert seen[-1] == {"execute": "guest-shutdown"}
+        with pytest.raises(qemu.AgentError, match="did not answer guest-ping"):
+            await a.call("guest-ping", timeout=0.5)  # (the fake never answers a ping)
+    finally:
+        server.close()
+    with pytest.raises(qemu.AgentError, match="did not answer guest-info"):
+        await qemu.Agent(str(tmp_path / "absent.sock")).call("guest-info")
+
+
+def test_a_volume_holding_a_disk_image_is_cloned_sparse(tmp_path):
+    """A QEMU guest's PVC holds its disk as one image file; a clone, snapshot or restore of it
+    (storage.copy_tree) keeps it sparse, as Ceph RBD's copy-on-write clone takes no room until
+    written (ceph-csi: rbd clone)."""
+    from kubevirt_spawner.sim.storage import copy_tree
+    volume = tmp_path / "golden"
+    volume.mkdir()
+    with open(volume / "disk.img", "wb") as f:
+        f.truncate(1024 * 1024 * 1024)
+        f.write(b"boot")
+    (volume / "notes.txt").write_text("not an image")
+    copy_tree(str(volume), str(tmp_path / "clone"))
+    image = os.stat(tmp_path / "clone" / "disk.img")
+    assert image.st_size == 1024 * 1024 * 1024 and image.st_blocks * 512 < 1024 * 1024
+    assert (tmp_path / "clone" / "disk.img").read_bytes()[:4] == b"boot"
+    assert (tmp_path / "clone" / "notes.txt").read_text() == "not an image"
