@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from .objects import ROOT_DISK_SERIAL, WORKSPACE_DISK_SERIAL
+from .objects import ARGS_KEY, ENV_DISK_SERIAL, ROOT_DISK_SERIAL, USERDATA_KEY, WORKSPACE_DISK_SERIAL
 
 MANAGED_BY = "kubevirt-spawner"
 LABEL_PREFIX = "kubevirt-spawner.io/"
@@ -29,9 +29,6 @@ ANNOTATION_PROFILE_VERSION = LABEL_PREFIX + "profile-version"
 ANNOTATION_RETAIN_UNTIL = LABEL_PREFIX + "retain-until"
 
 JUPYTER_PORT = 8888
-ENV_DISK_SERIAL = "hubenv"
-ARGS_KEY = "args.json"
-USERDATA_KEY = "userdata"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 

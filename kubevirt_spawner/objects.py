@@ -26,3 +26,8 @@ def condition(obj: dict | None, ctype: str) -> dict:
 ROOT_DISK_SERIAL = "rootdisk"
 WORKSPACE_DISK_SERIAL = "workspace"
 WORKSPACE_MOUNT = "/home"  # users' homes live on the workspace disk, so they survive a system reset
+# The Secret disk that carries JupyterHub's environment into the guest: one file per variable, the
+# extra Jupyter arguments as a JSON list, and cloud-init's user data (not an environment variable).
+ENV_DISK_SERIAL = "hubenv"
+ARGS_KEY = "args.json"
+USERDATA_KEY = "userdata"

@@ -1,0 +1,220 @@
+"""`kubevirt-workstation`: what the golden image's workstation unit runs at every boot to become
+this user's Jupyter server (deploy/golden-image/kubevirt-workstation.service starts it as root).
+
+1. It mounts the env disk (the VM's Secret volume `hubenv`, an ISO 9660 image found by its serial
+   as /dev/disk/by-id/virtio-hubenv) read-only in a root-only directory under /run, a tmpfs: the
+   hub's token never reaches the root disk.
+2. It reads JupyterHub's environment from it: one file per variable at the image's root, the extra
+   Jupyter arguments in `args.json`. KubeVirt grafts every entry of the Secret's mount into the
+   image (pkg/config/config.go), kubelet's `..data` and `..<timestamp>` directories included,
+   and cloud-init's `userdata` is no variable: those are skipped.
+3. It creates the Linux user for JUPYTERHUB_USER when there is none (a clone's first boot, or the
+   first boot after a reset of the system disk), keeping the owner of a home that the workspace
+   disk already holds, so the user's files stay theirs.
+4. It runs jupyterhub-singleuser as that user in their home; JUPYTERHUB_SERVICE_URL (from the
+   spawner) makes it listen on 0.0.0.0:8888. The unit restarts it whenever it ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import grp
+import hashlib
+import json
+import os
+import pwd
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+
+from ..objects import ARGS_KEY, ENV_DISK_SERIAL, USERDATA_KEY, WORKSPACE_MOUNT
+
+ENV_DEVICE = f"/dev/disk/by-id/virtio-{ENV_DISK_SERIAL}"  # systemd's 60-persistent-storage.rules
+ENV_MOUNT = "/run/kubevirt-workstation/env"
+# Rock Ridge keeps kubelet's modes (0644: readable by all) and Debian 12's kernel refuses isofs's
+# overriderockperms, so the token is kept from users by the mount's root-only parent directory.
+ENV_MOUNT_OPTIONS = "ro,nosuid,nodev,noexec"
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# useradd's default NAME_REGEX (Debian's adduser.conf is stricter still): lower case, at most 32
+LINUX_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+SHELL = "/bin/bash"
+# The owner administers the machine (apt, /etc, /opt, systemd): the image's sudoers drop-in lets
+# this group use sudo without a password, which the owner does not have.
+ADMIN_GROUP = "sudo"
+FIRST_USER_UID = 1000  # Debian's and Ubuntu's UID_MIN (login.defs): below it, system accounts
+
+Runner = Callable[[Sequence[str]], None]
+
+
+class LaunchError(Exception):
+    """Why the workstation cannot start its Jupyter server, in one sentence for the journal."""
+
+
+def run(command: Sequence[str]) -> None:
+    """Run a system command; its failure is a LaunchError naming the command and what it said."""
+    done = subprocess.run(list(command), capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout).strip().splitlines()
+        raise LaunchError(f"{' '.join(command)} failed ({done.returncode})" + (f": {said[-1]}" if said else ""))
+
+
+# --------------------------------------------------------------------------------------- the env disk
+
+def mount_env_disk(device: str = ENV_DEVICE, target: str = ENV_MOUNT, runner: Runner = run) -> None:
+    """Mount the env disk at `target` (once: a restart of the unit finds it mounted)."""
+    if os.path.ismount(target):
+        return
+    if not os.path.exists(device):
+        raise LaunchError(f"{device} is missing: this VM has no {ENV_DISK_SERIAL} disk (the Secret volume "
+                          "the spawner gives every workstation), so there is no JupyterHub environment")
+    parent = os.path.dirname(target)
+    os.makedirs(parent, mode=0o700, exist_ok=True)
+    os.chmod(parent, 0o700)  # nobody but root reaches the token, whatever the image's modes
+    os.makedirs(target, mode=0o700, exist_ok=True)
+    runner(["mount", "-t", "iso9660", "-o", ENV_MOUNT_OPTIONS, device, target])
+
+
+def read_env_disk(directory: str) -> tuple[dict[str, str], list[str]]:
+    """JupyterHub's environment (file name -> content) and the extra Jupyter arguments."""
+    env: dict[str, str] = {}
+    args: list[str] = []
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError as err:
+        raise LaunchError(f"cannot read the env disk at {directory}: {err.strerror or err}") from err
+    for name in names:
+        path = os.path.join(directory, name)
+        if name.startswith("..") or name == USERDATA_KEY or not os.path.isfile(path):
+            continue
+        with open(path, encoding="utf-8") as f:
+            value = f.read()
+        if name == ARGS_KEY:
+            args = _arguments(value)
+        elif ENV_NAME.match(name):
+            env[name] = value
+    if not env.get("JUPYTERHUB_USER") or not env.get("JUPYTERHUB_API_TOKEN"):
+        raise LaunchError(f"the env disk at {directory} has no JUPYTERHUB_USER or JUPYTERHUB_API_TOKEN: "
+                          "it was not written by a JupyterHub spawner")
+    return env, args
+
+
+def _arguments(text: str) -> list[str]:
+    try:
+        args = json.loads(text)
+    except ValueError as err:
+        raise LaunchError(f"{ARGS_KEY} on the env disk is not JSON: {err}") from err
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise LaunchError(f"{ARGS_KEY} on the env disk must be a JSON list of strings")
+    return args
+
+
+# ---------------------------------------------------------------------------------------------- the user
+
+def linux_name(hub_user: str) -> str:
+    """The Linux account of a JupyterHub user: the same name when Linux allows it, else a
+    readable slug with a hash of the full name (so two hub names never share an account)."""
+    if LINUX_NAME.match(hub_user):
+        return hub_user
+    slug = re.sub(r"[^a-z0-9_-]+", "-", hub_user.lower()).strip("-")[:23]
+    if not slug or not re.match(r"[a-z_]", slug):
+        slug = "u" + slug[:22]
+    return f"{slug}-{hashlib.sha256(hub_user.encode()).hexdigest()[:8]}"
+
+
+def ensure_user(name: str, homes: str = WORKSPACE_MOUNT, runner: Runner = run,
+                lookup: Callable[[str], pwd.struct_passwd] = pwd.getpwnam,
+                groups: Sequence[str] = ()) -> pwd.struct_passwd:
+    """The account `name`, created when missing: with its home under `homes`, in `groups`; when
+    that home is already there (the workspace disk outlived a system reset) with the uid that owns it."""
+    with contextlib.suppress(KeyError):  # (a clone's first boot has no such account yet)
+        account = lookup(name)
+        if account.pw_uid < FIRST_USER_UID:  # root, daemon, mail...: never a hub user's server
+            raise LaunchError(f"The hub user {name} has the name of the system account {name} (uid "
+                              f"{account.pw_uid}); give the user another name in JupyterHub.")
+        return account
+    home = os.path.join(homes, name)
+    command = ["useradd", "--create-home", "--home-dir", home, "--shell", SHELL, "--user-group"]
+    if groups:
+        command += ["--groups", ",".join(groups)]
+    try:
+        owner = os.stat(home).st_uid
+    except FileNotFoundError:
+        owner = None
+    if owner not in (None, 0) and not _uid_taken(owner):
+        command += ["--uid", str(owner)]
+    runner([*command, name])
+    return lookup(name)
+
+
+def existing_groups(names: Sequence[str]) -> list[str]:
+    found = []
+    for name in names:
+        with contextlib.suppress(KeyError):
+            grp.getgrnam(name)
+            found.append(name)
+    return found
+
+
+def _uid_taken(uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return True
+
+
+# ------------------------------------------------------------------------------------------ the server
+
+def server_environment(env: dict[str, str], account: pwd.struct_passwd, base: dict[str, str]) -> dict[str, str]:
+    """What jupyterhub-singleuser runs with: a login's basics, then JupyterHub's environment."""
+    keep = {k: base[k] for k in ("PATH", "LANG", "LC_ALL", "TZ") if k in base}
+    return {**keep, "HOME": account.pw_dir, "USER": account.pw_name, "LOGNAME": account.pw_name,
+            "SHELL": account.pw_shell or SHELL, **env}
+
+
+def server_command(args: list[str], bindir: str) -> list[str]:
+    """jupyterhub-singleuser from this Python environment (the image's), with the extra arguments."""
+    exe = shutil.which("jupyterhub-singleuser", path=bindir + os.pathsep + os.environ.get("PATH", ""))
+    if exe is None:
+        raise LaunchError(f"jupyterhub-singleuser is not installed in {bindir} or on PATH")
+    return [exe, *args]
+
+
+def become(account: pwd.struct_passwd) -> None:
+    """Drop root for the account (its groups, its gid, its uid) and go to its home."""
+    os.initgroups(account.pw_name, account.pw_gid)
+    os.setgid(account.pw_gid)
+    os.setuid(account.pw_uid)
+    os.chdir(account.pw_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kubevirt-workstation", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default=ENV_DEVICE, help="the env disk (default: %(default)s)")
+    parser.add_argument("--mount", default=ENV_MOUNT, help="where to mount it (default: %(default)s)")
+    parser.add_argument("--homes", default=WORKSPACE_MOUNT, help="where homes live (default: %(default)s)")
+    parser.add_argument("--print", action="store_true",
+                        help="print the account and command it would run (without the environment) and stop")
+    opts = parser.parse_args(argv)
+    try:
+        mount_env_disk(opts.device, opts.mount)
+        env, args = read_env_disk(opts.mount)
+        account = ensure_user(linux_name(env["JUPYTERHUB_USER"]), opts.homes, groups=existing_groups([ADMIN_GROUP]))
+        command = server_command(args, os.path.dirname(sys.executable))
+    except LaunchError as err:
+        print(f"kubevirt-workstation: {err}", file=sys.stderr)
+        return 1
+    if opts.print:
+        print(json.dumps({"user": account.pw_name, "home": account.pw_dir, "command": command}))
+        return 0
+    print(f"kubevirt-workstation: starting Jupyter for {env['JUPYTERHUB_USER']} as {account.pw_name}", flush=True)
+    environment = server_environment(env, account, dict(os.environ))
+    become(account)
+    os.execve(command[0], command, environment)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""The workstation unit's program (kubevirt_spawner.guest.launch) on fake env disks and accounts.
+
+What the env disk holds is what KubeVirt builds from the VM's Secret volume: xorrisofs grafts every
+entry of kubelet's Secret mount into the image root (kubevirt pkg/config/config.go,
+defaultCreateIsoImage over os.ReadDir), kubelet's AtomicWriter `..data` and `..<timestamp>` entries
+included (kubernetes pkg/volume/util/atomic_writer.go)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import stat
+
+import pytest
+
+from kubevirt_spawner.guest import launch
+from kubevirt_spawner.guest.launch import (
+    ENV_MOUNT_OPTIONS,
+    LaunchError,
+    ensure_user,
+    linux_name,
+    mount_env_disk,
+    read_env_disk,
+    server_environment,
+)
+from kubevirt_spawner.manifests import Identity, env_secret
+
+ENV = {"JUPYTERHUB_USER": "alice", "JUPYTERHUB_API_TOKEN": "s3cret",
+       "JUPYTERHUB_SERVICE_URL": "http://0.0.0.0:8888/user/alice/", "JUPYTERHUB_API_URL": "http://hub:8081/hub/api"}
+
+
+def env_disk(tmp_path, secret: dict) -> str:
+    """A Secret as the guest sees it on its env disk: kubelet's layout (the keys as links into a
+    `..<timestamp>` directory through `..data`), grafted with links followed."""
+    import base64
+    root = tmp_path / "disk"
+    payload = root / "..2026_11_30_10_00_00.123"
+    payload.mkdir(parents=True)
+    for key, value in secret["data"].items():
+        (payload / key).write_bytes(base64.b64decode(value))
+        (root / key).write_bytes(base64.b64decode(value))  # (-follow-links: files, not links)
+    (root / "..data").mkdir()
+    for key in secret["data"]:
+        (root / "..data" / key).write_text("a copy")
+    return str(root)
+
+
+def ident(user: str = "alice") -> Identity:
+    return Identity(user=user, server="", slug=user, user_slug=user, server_slug="", namespace=f"notebook-{user}",
+                    vm=f"{user}-workstation", rootdisk=f"{user}-rootdisk", workspace=f"{user}-workspace",
+                    secret=f"{user}-hub-env", service=f"{user}-workstation")
+
+
+def test_the_env_disk_gives_jupyterhubs_environment_and_arguments(tmp_path):
+    """The spawner's Secret (manifests.env_secret) read back as the guest reads it: every variable,
+    the extra arguments from args.json; cloud-init's userdata and kubelet's entries are not variables."""
+    secret = env_secret(ident(), ENV, ["--ContentsManager.allow_hidden=True"])
+    env, args = read_env_disk(env_disk(tmp_path, secret))
+    assert env == ENV
+    assert args == ["--ContentsManager.allow_hidden=True"]
+
+
+@pytest.mark.parametrize("files,says", [
+    ({"JUPYTERHUB_USER": "alice"}, "has no JUPYTERHUB_USER or JUPYTERHUB_API_TOKEN"),
+    ({**ENV, "args.json": "not json"}, "args.json on the env disk is not JSON"),
+    ({**ENV, "args.json": '{"a": 1}'}, "args.json on the env disk must be a JSON list of strings"),
+    ({**ENV, "args.json": "[1]"}, "args.json on the env disk must be a JSON list of strings"),
+])
+def test_a_bad_env_disk_is_refused_with_a_sentence(tmp_path, files, says):
+    for name, value in files.items():
+        (tmp_path / name).write_text(value)
+    with pytest.raises(LaunchError, match=says):
+        read_env_disk(str(tmp_path))
+    with pytest.raises(LaunchError, match="cannot read the env disk"):
+        read_env_disk(str(tmp_path / "missing"))
+
+
+def test_linux_names():
+    """useradd accepts [a-z_][a-z0-9_-]* up to 32 characters (its default NAME_REGEX); other hub
+    names get a slug and a hash, so two of them never share an account."""
+    assert linux_name("alice") == "alice" and linux_name("bob-2") == "bob-2"
+    for hub_name in ("Alice", "alice@example.org", "9lives", "ünïcode", "x" * 40, "@@@"):
+        name = linux_name(hub_name)
+        assert launch.LINUX_NAME.match(name), (hub_name, name)
+    assert linux_name("alice@example.org").startswith("alice-example-org-")
+    assert linux_name("Alice") != linux_name("alice") and linux_name("A.b") != linux_name("a-b")
+
+
+def account(name: str, uid: int, home: str) -> pwd.struct_passwd:
+    return pwd.struct_passwd((name, "x", uid, uid, "", home, "/bin/bash"))
+
+
+def test_the_user_is_created_once_and_keeps_the_owner_of_an_existing_home(tmp_path):
+    """A clone's first boot creates the account (useradd, home under /home); a later boot finds it.
+    After a system reset the workspace disk still holds /home/alice, owned by the uid alice had:
+    the new account gets that uid, so her files stay hers."""
+    accounts: dict[str, pwd.struct_passwd] = {}
+    commands: list[list[str]] = []
+
+    def runner(command):
+        commands.append(list(command))
+        name = command[-1]
+        uid = int(command[command.index("--uid") + 1]) if "--uid" in command else 1000
+        accounts[name] = account(name, uid, command[command.index("--home-dir") + 1])
+
+    def lookup(name):
+        return accounts[name]
+
+    alice = ensure_user("alice", str(tmp_path), runner, lookup)
+    assert commands == [["useradd", "--create-home", "--home-dir", str(tmp_path / "alice"), "--shell", "/bin/bash",
+                         "--user-group", "alice"]]
+    assert ensure_user("alice", str(tmp_path), runner, lookup) is alice and len(commands) == 1
+
+    # a reset: a fresh system disk (no account), the workspace disk with her home
+    home = tmp_path / "bob"
+    home.mkdir()
+    unused = next(uid for uid in range(4321, 60000) if not _uid_exists(uid))
+    os.chown(home, unused, unused)
+    bob = ensure_user("bob", str(tmp_path), runner, lookup)
+    assert commands[-1][-3:] == ["--uid", str(unused), "bob"] and bob.pw_uid == unused
+    # a home owned by root (or by a uid another account has) gets no --uid
+    (tmp_path / "carol").mkdir()
+    # a hub user named like a system account is refused, never run as it
+    accounts["root"] = account("root", 0, "/root")
+    with pytest.raises(launch.LaunchError, match="system account root"):
+        ensure_user("root", str(tmp_path), runner, lookup)
+    # the owner administers the machine: in the group the image's sudoers drop-in names
+    ensure_user("dora", str(tmp_path), runner, lookup, groups=["sudo"])
+    assert commands[-1][-3:] == ["--groups", "sudo", "dora"]
+    ensure_user("carol", str(tmp_path), runner, lookup)
+    assert "--uid" not in commands[-1]
+
+
+def _uid_exists(uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return True
+
+
+def test_the_env_disk_is_mounted_read_only_where_only_root_reaches_it(tmp_path):
+    """isofs keeps Rock Ridge's modes (kubelet's 0644, Linux Documentation/filesystems/isofs.rst),
+    so the token is kept from users by the parent directory, which is root's alone."""
+    commands: list[list[str]] = []
+    device = tmp_path / "virtio-hubenv"
+    device.touch()
+    target = tmp_path / "run" / "kubevirt-workstation" / "env"
+    mount_env_disk(str(device), str(target), commands.append)
+    assert commands == [["mount", "-t", "iso9660", "-o", ENV_MOUNT_OPTIONS, str(device), str(target)]]
+    assert "ro" in ENV_MOUNT_OPTIONS.split(",")
+    assert stat.S_IMODE(os.stat(target.parent).st_mode) == 0o700
+    with pytest.raises(LaunchError, match="has no hubenv disk"):
+        mount_env_disk(str(tmp_path / "absent"), str(tmp_path / "elsewhere"), commands.append)
+    mount_env_disk(str(tmp_path / "absent"), "/proc", commands.append)  # already mounted: nothing to do
+    assert len(commands) == 1
+
+
+def test_a_failing_command_says_what_failed():
+    with pytest.raises(LaunchError, match=r"sh -c echo nope >&2; exit 3 failed \(3\): nope"):
+        launch.run(["sh", "-c", "echo nope >&2; exit 3"])
+
+
+def test_the_server_runs_with_a_logins_basics_and_jupyterhubs_environment():
+    alice = account("alice", 1000, "/home/alice")
+    env = server_environment(ENV, alice, {"PATH": "/usr/bin", "LANG": "C.UTF-8", "SECRET_OF_ROOT": "x"})
+    assert env == {"PATH": "/usr/bin", "LANG": "C.UTF-8", "HOME": "/home/alice", "USER": "alice",
+                   "LOGNAME": "alice", "SHELL": "/bin/bash", **ENV}
+
+
+def test_print_shows_the_account_and_command(tmp_path, monkeypatch, capsys):
+    """`kubevirt-workstation --print` (for a look from the console) stops before starting anything."""
+    for name, value in {**ENV, "args.json": '["--debug"]'}.items():
+        (tmp_path / name).write_text(value)
+    monkeypatch.setattr(launch, "mount_env_disk", lambda device, target: None)
+    monkeypatch.setattr(launch, "ensure_user", lambda name, homes, groups=(): account(name, 1000, f"{homes}/{name}"))
+    assert launch.main(["--mount", str(tmp_path), "--print"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["user"] == "alice" and shown["home"] == "/home/alice"
+    assert shown["command"][0].endswith("jupyterhub-singleuser") and shown["command"][1:] == ["--debug"]
+    (tmp_path / "JUPYTERHUB_API_TOKEN").unlink()
+    assert launch.main(["--mount", str(tmp_path), "--print"]) == 1
+    assert "kubevirt-workstation: the env disk" in capsys.readouterr().err
