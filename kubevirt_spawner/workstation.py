@@ -606,12 +606,13 @@ class Workstation:
     async def filesystems(self) -> list[dict] | None:
         """The guest agent's filesystem list (mount point, used and total bytes, disk serials) of the
         running machine; None when it is not running or the agent does not answer."""
-        if self.status() != "running":
-            return None
+        if self.status() != "running" or condition(self.vmi, "AgentConnected").get("status") != "True":
+            return None  # (virt-api answers 500 without an agent: nothing to ask, nothing to retry)
         with refusals_explained(self.log, "report its disk usage"):
             try:
+                # one attempt: a 500 means the agent went meanwhile (a reboot), and the status waits for it
                 answer = await self.kube.call("GET", k.VMI_SUBRESOURCES.path(self.ident.namespace, self.ident.vm,
-                                                                             "filesystemlist"))
+                                                                             "filesystemlist"), repeatable=False)
             except k.KubeError as err:
                 if err.permission_denied:
                     raise

@@ -7,14 +7,22 @@ if ! command -v kubectl >/dev/null 2>&1; then
   echo "kubectl is needed by the kubectl contract tests; install kubectl 1.32" >&2
   exit 1
 fi
-# The browser tests drive Debian's Chromium (never a browser Playwright downloads).
-if [ ! -x /usr/bin/chromium ]; then
+# Debian packages the tests use: Chromium for the browser tests (never a browser Playwright
+# downloads); xorriso for the configuration disks of QEMU guests; mmdebstrap, fdisk, QEMU for the
+# golden image; shellcheck for the deploy scripts.
+needed=()
+for pair in /usr/bin/chromium:chromium /usr/bin/xorrisofs:xorriso /usr/bin/mmdebstrap:mmdebstrap \
+            /usr/sbin/sfdisk:fdisk /usr/bin/qemu-system-x86_64:qemu-system-x86 /usr/bin/qemu-img:qemu-utils \
+            /usr/bin/shellcheck:shellcheck; do
+  [ -x "${pair%%:*}" ] || needed+=("${pair#*:}")
+done
+if [ ${#needed[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "== installing Debian's chromium for the browser tests"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null || {
-      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+    echo "== installing Debian packages the tests need: ${needed[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${needed[@]}" >/dev/null || {
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${needed[@]}" >/dev/null; }
   else
-    echo "/usr/bin/chromium is needed by the browser tests: apt-get install chromium" >&2
+    echo "the tests need these Debian packages: apt-get install ${needed[*]}" >&2
     exit 1
   fi
 fi

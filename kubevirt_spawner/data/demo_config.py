@@ -4,8 +4,15 @@ against the simulator's kubeconfig. `kubevirt-spawner demo` sets the environment
 Package data (not an importable module), so that the demo runs from an installed wheel."""
 
 import os
+import signal
 
 from kubevirt_spawner.demo import DEMO_PASSWORD
+
+# The hub stops its managed services (the workstations service, the idle culler) with SIGINT. A hub
+# started from a background job inherits SIGINT ignored and hands that down to them, so they would
+# only go at the SIGTERM that follows 10 s later, and a hub stopped meanwhile leaves them behind.
+# Handling SIGINT here makes it the default again in every process the hub starts.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 c = get_config()  # noqa: F821 (provided by JupyterHub)
 state = os.environ["KUBEVIRT_DEMO_STATE"]

@@ -238,3 +238,17 @@ def hub(e2e_sim, tmp_path_factory):
     h = Hub(tmp_path_factory.mktemp("hub"), e2e_sim, ROOT_DISK_ONLY).start()
     yield h
     h.close()
+
+
+SERVICE_API = "/services/workstations/api/v1"
+
+
+def hub_with_service(e2e_sim, tmp_path_factory, extra_config: str):
+    """A hub with `extra_config` whose workstations service answers (401 without a token): a
+    module fixture's body (`yield from`)."""
+    from simtools import wait_for
+    h = Hub(tmp_path_factory.mktemp("hub"), e2e_sim, extra_config=extra_config).start()
+    wait_for(lambda: requests.get(f"{h.url}{SERVICE_API}/workstations", timeout=5).status_code == 401, 60,
+             what="the workstations service")
+    yield h
+    h.close()

@@ -18,8 +18,7 @@ import uuid
 from datetime import datetime, timedelta
 
 import pytest
-import requests
-from conftest import Cluster, Hub
+from conftest import SERVICE_API, Cluster, Hub, hub_with_service
 from tornado.httpclient import HTTPRequest
 from tornado.ioloop import IOLoop
 from tornado.websocket import websocket_connect
@@ -39,16 +38,12 @@ c.Workstations.keepalive_interval = 1
 c.Workstations.keepalive_max_minutes = 45  # below the Lab's hour: its "Keep running" asks for the cap
 c.KubeVirtSpawner.stop_timeout = 5  # a guest that ignores its shutdown is forced off after 5 s
 """
-API = "/services/workstations/api/v1"
+API = SERVICE_API
 
 
 @pytest.fixture(scope="module")
 def hub(e2e_sim, tmp_path_factory):
-    h = Hub(tmp_path_factory.mktemp("hub"), e2e_sim, extra_config=EXTRA).start()
-    wait_for(lambda: requests.get(f"{h.url}{API}/workstations", timeout=5).status_code == 401, 60,
-             what="the workstations service")
-    yield h
-    h.close()
+    yield from hub_with_service(e2e_sim, tmp_path_factory, EXTRA)
 
 
 def status(hub: Hub, user: str) -> dict:

@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 import requests
-from conftest import Cluster, Hub
+from conftest import SERVICE_API, Cluster, Hub, hub_with_service
 
 from simtools import wait_for
 
@@ -25,16 +25,12 @@ c.Workstations.snapshot_limit = 6
 c.Workstations.keepalive_max_minutes = 120
 c.Workstations.keepalive_interval = 1
 """
-API = "/services/workstations/api/v1"
+API = SERVICE_API
 
 
 @pytest.fixture(scope="module")
 def hub(e2e_sim, tmp_path_factory):
-    h = Hub(tmp_path_factory.mktemp("hub"), e2e_sim, extra_config=EXTRA).start()
-    wait_for(lambda: requests.get(f"{h.url}{API}/workstations", timeout=5).status_code == 401, 60,
-             what="the workstations service")
-    yield h
-    h.close()
+    yield from hub_with_service(e2e_sim, tmp_path_factory, EXTRA)
 
 
 class Client:
@@ -147,10 +143,14 @@ def test_snapshot_consistency_follows_the_guest_agent(hub, cluster, tokens):
     assert bob.ok("POST", "/workstations/bob/snapshots", {}, 201)["consistency"] == "offline"
     taken = cluster.objects("snapshot.kubevirt.io", "v1beta1", "virtualmachinesnapshots", "notebook-bob")
     assert all(t["status"]["snapshotVolumes"]["includedVolumes"] == ["rootdisk", "workspace"] for t in taken)
-    listed = bob.ok("GET", "/workstations/bob/snapshots")["snapshots"]
-    assert [s["consistency"] for s in listed] == ["application-consistent", "crash-consistent", "offline"]
-    assert listed[0]["note"] == "before CUDA" and all(s["ready"] for s in listed)
-    assert re.match(r"snapshot-\d{8}-\d{6}$", listed[2]["name"])
+    # (by name: two snapshots taken within one second have the same creation time, which is all
+    # the listing's order goes by)
+    listed = {s["name"]: s for s in bob.ok("GET", "/workstations/bob/snapshots")["snapshots"]}
+    [auto] = [name for name in listed if name not in ("with-agent", "no-agent")]
+    assert {name: s["consistency"] for name, s in listed.items()} == {
+        "with-agent": "application-consistent", "no-agent": "crash-consistent", auto: "offline"}
+    assert listed["with-agent"]["note"] == "before CUDA" and all(s["ready"] for s in listed.values())
+    assert re.match(r"snapshot-\d{8}-\d{6}$", auto)
     assert bob.ok("GET", "/workstations/bob")["snapshots"]["count"] == 3
 
 
@@ -545,3 +545,25 @@ def test_the_snapshot_limit_is_per_user_and_says_so(hub, cluster, tokens):
     assert namespace_state(cluster, "notebook-hana") == before
     hana.ok("DELETE", "/workstations/hana/snapshots/s0")
     hana.ok("POST", "/workstations/hana/snapshots", {"name": "one-more"}, 201)
+
+
+def test_a_stopped_hub_leaves_no_service_behind(e2e_sim, tmp_path_factory):
+    """JupyterHub stops its managed services with SIGINT, and with SIGTERM only after
+    interrupt_timeout (jupyterhub/spawner.py, LocalProcessSpawner.stop). A hub started from a
+    background job inherits SIGINT ignored: its workstations service and idle culler must still go
+    at its SIGINT, or a hub stopped meanwhile leaves them running."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # (as a background job starts it)
+    try:
+        h = Hub(tmp_path_factory.mktemp("hub"), e2e_sim).start()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    try:
+        wait_for(lambda: requests.get(f"{h.url}{SERVICE_API}/workstations", timeout=5).status_code == 401, 60,
+                 what="the workstations service")
+        children = wait_for(lambda: (lambda pids: pids if len(pids) == 2 else None)(
+            subprocess.run(["pgrep", "-P", str(h.proc.pid)], capture_output=True, text=True).stdout.split()),
+            30, what="the service and the culler")
+    finally:
+        h.close()
+    wait_for(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in children), 10,
+             what="the hub's services gone with it")

@@ -1,0 +1,286 @@
+"""A workstation that is a real Linux machine: the golden image deploy/golden-image/build.sh makes,
+booted by QEMU under the simulator's `--guests qemu`, through the real hub and proxy.
+
+What runs in the guest is the product's guest side: cloud-init (NoCloud) from the cidata disk, the
+kubevirt-workstation unit reading the hubenv disk, jupyterhub-singleuser as the user, the real
+qemu-guest-agent answering KubeVirt's guest-agent subresources, growpart. Each boot takes a minute
+or more under software emulation, so the machine boots three times in all (start, start again,
+restore) and the tests run in order on one machine.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import requests
+from conftest import E2E_SPEED, SERVICE_API, Cluster, Hub
+from tornado.httpclient import HTTPRequest
+from tornado.ioloop import IOLoop
+from tornado.websocket import websocket_connect
+
+from simtools import start_sim, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD = REPO / "deploy" / "golden-image" / "build.sh"
+USER = "alice"
+NS, VM = f"notebook-{USER}", f"{USER}-workstation"
+GRACE = 90  # the machine's terminationGracePeriodSeconds
+BOOT_TIMEOUT = 600  # a cold boot under TCG on a busy 2-CPU machine takes 70-80 s; leave room
+# How the guest reaches this machine: QEMU's user network maps the gateway to the host's 127.0.0.1
+# (kubevirt_spawner.sim.qemu), as a real guest reaches the hub's Service.
+QEMU_CONFIG = f"""
+import os
+c.KubeVirtSpawner.hub_connect_url = "http://10.0.2.1:" + os.environ["KUBEVIRT_DEMO_HUB_PORT"]
+c.KubeVirtSpawner.workstations_url = "http://10.0.2.1:" + os.environ["KUBEVIRT_DEMO_SERVICE_PORT"] + "/services/workstations/"
+c.KubeVirtSpawner.root_disk_size = "6Gi"
+c.KubeVirtSpawner.workspace_disk_size = "2Gi"
+c.KubeVirtSpawner.termination_grace_period = {GRACE}
+c.KubeVirtSpawner.start_timeout = {BOOT_TIMEOUT}
+c.KubeVirtSpawner.http_timeout = {BOOT_TIMEOUT - 60}
+c.KubeVirtSpawner.profile_list = [
+    {{"display_name": "Test machine: 2 CPUs, 2 GiB", "slug": "small", "default": True,
+      "kubevirt_override": {{"cpu_guarantee": 2, "mem_guarantee": "2G"}}}},
+]
+"""
+
+
+@pytest.fixture(scope="module")
+def golden_image() -> Path:
+    """The test image, built by the recipe a platform team runs (cached by the recipe's hash)."""
+    done = subprocess.run(["bash", str(BUILD)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          timeout=1800, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def qemu_sim(golden_image, tmp_path_factory):
+    s = start_sim(tmp_path_factory.mktemp("cluster"), speed=E2E_SPEED, guest_mode="qemu",
+                  golden_image=str(golden_image))
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(qemu_sim):
+    return Cluster(qemu_sim)
+
+
+@pytest.fixture(scope="module")
+def hub(qemu_sim, tmp_path_factory):
+    h = Hub(tmp_path_factory.mktemp("hub"), qemu_sim, extra_config=QEMU_CONFIG).start()
+    wait_for(lambda: requests.get(f"{h.url}{SERVICE_API}/workstations", timeout=5).status_code == 401, 60,
+             what="the workstations service")
+    yield h
+    h.close()
+
+
+@pytest.fixture(scope="module")
+def ssh_key(tmp_path_factory) -> Path:
+    key = tmp_path_factory.mktemp("ssh") / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    return key
+
+
+def run(hub: Hub, code: str, user: str = USER) -> str:
+    """Run Python `code` in a kernel on the user's machine; what it printed (its error fails the test)."""
+    base = f"{hub.url}/user/{user}"
+    kernel = hub.http.post(f"{base}/api/kernels", json={"name": "python3"}, timeout=120)
+    assert kernel.status_code == 201, kernel.text
+    kid = kernel.json()["id"]
+    token = hub.http.headers["Authorization"].split()[1]
+    out: list[str] = []
+
+    async def execute():
+        ws = await websocket_connect(HTTPRequest(f"{base.replace('http', 'ws', 1)}/api/kernels/{kid}/channels",
+                                                 headers={"Authorization": f"token {token}"}))
+        msg_id = uuid.uuid4().hex
+        ws.write_message(json.dumps({
+            "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": user, "session": msg_id,
+                       "version": "5.3", "date": ""},
+            "parent_header": {}, "metadata": {}, "channel": "shell",
+            "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {},
+                        "allow_stdin": False, "stop_on_error": True}}))
+        while True:
+            reply = json.loads(await ws.read_message())
+            if reply["parent_header"].get("msg_id") != msg_id:
+                continue
+            if reply["msg_type"] == "stream":
+                out.append(reply["content"]["text"])
+            elif reply["msg_type"] == "error":
+                raise AssertionError("\n".join(reply["content"]["traceback"]))
+            elif reply["msg_type"] == "status" and reply["content"]["execution_state"] == "idle":
+                break
+        ws.close()
+    try:
+        IOLoop.current().run_sync(execute, timeout=120)
+    finally:
+        hub.http.delete(f"{base}/api/kernels/{kid}", timeout=60)
+    return "".join(out)
+
+
+def sh(hub: Hub, command: str) -> str:
+    """A shell command run by the user on the machine (sudo works: the owner administers it)."""
+    return run(hub, f"import subprocess\nprint(subprocess.run({command!r}, shell=True, check=True, "
+                    "capture_output=True, text=True).stdout, end='')")
+
+
+def qemu_running(cluster: Cluster) -> bool:
+    """Whether this simulator's QEMU for alice's VMI runs (its console log is under the state directory)."""
+    console = f"file:{console_log(cluster)}"
+    return subprocess.run(["pgrep", "-f", console], capture_output=True).returncode == 0
+
+
+def console_log(cluster: Cluster) -> Path:
+    return Path(cluster.sim.sim.state_dir) / "guests" / f"{NS}_{VM}.console.log"
+
+
+def agent(cluster: Cluster, call: str) -> dict:
+    """A guest-agent subresource of the VMI, as kubectl and the service read it."""
+    r = cluster.api.call_api(*cluster.api.param_serialize(
+        "GET", f"/apis/subresources.kubevirt.io/v1/namespaces/{NS}/virtualmachineinstances/{VM}/{call}",
+        auth_settings=["BearerToken"]))
+    r.read()
+    assert r.status == 200, r.data
+    return json.loads(r.data)
+
+
+def golden_file(golden_image: Path, path: str) -> str | None:
+    """A file of the golden image's root filesystem (debugfs reads its partition in place); None
+    when there is no such file."""
+    start = json.loads(subprocess.run(["sfdisk", "--json", str(golden_image / "disk.raw")], capture_output=True,
+                                      text=True, check=True).stdout)["partitiontable"]["partitions"][0]["start"]
+    done = subprocess.run(["debugfs", "-R", f"cat {path}", f"{golden_image / 'disk.raw'}?offset={start * 512}"],
+                          capture_output=True, text=True, check=True)
+    return None if "File not found" in done.stderr else done.stdout
+
+
+def test_the_golden_image_is_built_once_and_sealed(golden_image: Path):
+    """build.sh builds the image from Debian's packages and pinned PyPI packages once per recipe: run
+    again, it finds its cached build. The image is sealed: no machine-id, no SSH host keys, no
+    cloud-init instance, no root history (the design document's sealing section)."""
+    again = subprocess.run(["bash", str(BUILD)], capture_output=True, text=True, timeout=600, check=True)
+    assert again.stdout.strip().splitlines()[-1] == str(golden_image) and "(cached)" in again.stderr
+    meta = json.loads((golden_image / "image.json").read_text())
+    assert meta["suite"] == "bookworm" and "jupyterlab==4.6.6" in meta["python"] and "qemu-guest-agent" in meta["packages"]
+    assert (golden_file(golden_image, "/etc/machine-id") or "").strip() in ("", "uninitialized")
+    assert golden_file(golden_image, "/etc/ssh/ssh_host_ed25519_key") is None
+    assert golden_file(golden_image, "/root/.bash_history") is None
+    assert golden_file(golden_image, "/var/lib/cloud/instance/boot-finished") is None
+    assert "%sudo ALL=(ALL:ALL) NOPASSWD: ALL" in (golden_file(golden_image, "/etc/sudoers.d/kubevirt-workstation") or "")
+    unit = golden_file(golden_image, "/etc/systemd/system/kubevirt-workstation.service") or ""
+    assert "Restart=always" in unit and "kubevirt-workstation" in unit
+
+
+def test_alice_has_a_real_machine_that_keeps_what_she_installs(hub: Hub, cluster: Cluster, golden_image: Path,
+                                                               ssh_key: Path):
+    """alice starts: QEMU boots her clone of the golden image, cloud-init gives it an identity, the
+    workstation unit reads the hubenv disk and runs jupyterhub-singleuser as alice, and JupyterLab
+    answers through the proxy. She writes into /etc and /opt (sudo) and her home, logs in over the
+    forwarded SSH port (the guest agent's user list shows it), stops (QEMU ends within the grace
+    period, from the guest's own power-off), starts again: everything is there, and it is the same
+    machine. Upstream: kubevirt pkg/host-disk/host-disk.go (disk.img), pkg/cloud-init/cloud-init.go
+    (the cidata disk), pkg/config/config.go (the Secret disk), pkg/virt-handler/vm.go (the grace
+    period), staging/src/kubevirt.io/api/core/v1/types.go (the guest-agent types)."""
+    began = time.monotonic()
+    hub.start_server(USER, timeout=BOOT_TIMEOUT)
+    cold_boot = time.monotonic() - began
+    assert qemu_running(cluster)
+    lab = hub.http.get(f"{hub.url}/user/{USER}/lab", timeout=60)
+    assert lab.status_code == 200 and "JupyterLab" in lab.text, lab.status_code
+    assert sh(hub, "id -un") == f"{USER}\n"
+    # the machine is the golden image's, as the guest agent and the kernel say
+    # (virt-handler polls the agent every 10 s: its first answer may predate cloud-init's hostname)
+    info = wait_for(lambda: (lambda i: i if i["hostname"] == VM else None)(agent(cluster, "guestosinfo")), 60,
+                    interval=2, what="the guest agent's hostname")
+    assert info["os"]["id"] == "debian", info
+    assert {f["mountPoint"] for f in info["fsInfo"]["disks"]} >= {"/", "/home"}
+    # a fresh identity: machine-id and SSH host keys the sealed golden image does not have
+    machine_id = sh(hub, "cat /etc/machine-id").strip()
+    assert len(machine_id) == 32 and machine_id != (golden_file(golden_image, "/etc/machine-id") or "").strip()
+    host_key = sh(hub, "cat /etc/ssh/ssh_host_ed25519_key.pub").split()[1]
+    assert golden_file(golden_image, "/etc/ssh/ssh_host_ed25519_key.pub") is None
+    verify = sh(hub, "sudo /usr/local/sbin/verify-clone.sh")
+    assert "FAIL" not in verify, verify
+    # the root partition grew to the 6 GiB disk
+    root_bytes = int(sh(hub, "df --output=size -B1 / | tail -1").strip())
+    assert root_bytes > 5 * 2**30, root_bytes
+    # she installs things everywhere
+    sh(hub, "echo tuned | sudo tee /etc/alice.conf && sudo mkdir -p /opt/tool && "
+            "echo 1.2 | sudo tee /opt/tool/VERSION && echo mine > ~/notes.txt")
+    # an SSH login over the VMI's forwarded port, with her key
+    sh(hub, f"mkdir -p -m 700 ~/.ssh && echo '{ssh_key.with_suffix('.pub').read_text().strip()}' "
+            ">> ~/.ssh/authorized_keys && chmod 600 ~/.ssh/authorized_keys")
+    ip = cluster.vmi(NS, VM)["status"]["interfaces"][0]["ipAddress"]
+    ssh = subprocess.Popen(["ssh", "-tt", "-i", str(ssh_key), "-o", "StrictHostKeyChecking=no", "-o",
+                            "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes", "-o", "ConnectTimeout=30",
+                            f"{USER}@{ip}", "sleep 120"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT)
+    try:
+        logins = wait_for(lambda: [u for u in agent(cluster, "userlist")["items"] if u["userName"] == USER],
+                          60, interval=2, what="alice's SSH login in the guest agent's user list")
+        assert logins[0]["loginTime"] > 0
+        scanned = subprocess.run(["ssh-keyscan", "-t", "ed25519", ip], capture_output=True, text=True).stdout
+        assert host_key in scanned  # the host key the forwarded port presents is the clone's own
+    finally:
+        ssh.kill()
+        ssh.wait()
+
+    # stop: the guest powers itself off (the agent's guest-shutdown) well within the grace period
+    began = time.monotonic()
+    hub.stop_server(USER, timeout=GRACE + 60)
+    wait_for(lambda: not qemu_running(cluster), GRACE, interval=0.5, what="QEMU to end")
+    stopped_in = time.monotonic() - began
+    assert stopped_in < GRACE, stopped_in
+    console = console_log(cluster).read_text(errors="replace")
+    assert "reboot: Power down" in console  # the guest shut down; nothing killed it
+
+    began = time.monotonic()
+    hub.start_server(USER, timeout=BOOT_TIMEOUT)
+    resume = time.monotonic() - began
+    assert sh(hub, "cat /etc/alice.conf /opt/tool/VERSION ~/notes.txt /etc/machine-id") == \
+        f"tuned\n1.2\nmine\n{machine_id}\n"
+    print(f"\ncold boot to Lab {cold_boot:.0f} s, stop {stopped_in:.1f} s, resume {resume:.0f} s")
+
+
+def test_an_online_snapshot_is_application_consistent_and_restores(hub: Hub, cluster: Cluster):
+    """A snapshot of the running machine: the service says application-consistent, the guest's
+    agent froze its filesystems (its own journal says so) and thawed them (the VMI's fsFreezeStatus
+    is gone); a restore brings the machine back as it was. Upstream: kubevirt
+    pkg/storage/snapshot/source.go (Freeze/Unfreeze), pkg/virt-handler/rest/lifecycle.go, qemu
+    qga/commands-posix.c (guest-fsfreeze-*)."""
+    if not (hub.server_model(USER) or {}).get("ready"):  # (run alone: the machine boots here)
+        hub.start_server(USER, timeout=BOOT_TIMEOUT)
+    token = hub.api("POST", f"/users/{USER}/tokens", json={"note": "test"}).json()["token"]
+    api = requests.Session()
+    api.headers["Authorization"] = f"token {token}"
+    wait_for(lambda: api.get(f"{hub.url}{SERVICE_API}/workstations/{USER}", timeout=30).json()
+             .get("snapshot_consistency") == "application-consistent", 60, interval=2,
+             what="the service to see the agent")
+    sh(hub, "echo before | sudo tee /opt/state")
+    r = api.post(f"{hub.url}{SERVICE_API}/workstations/{USER}/snapshots", json={"name": "tuned"}, timeout=120)
+    assert r.status_code == 201, r.text
+    assert r.json()["consistency"] == "application-consistent"
+    wait_for(lambda: next((s for s in api.get(f"{hub.url}{SERVICE_API}/workstations/{USER}/snapshots",
+                                              timeout=30).json()["snapshots"] if s["name"] == "tuned"), {})
+             .get("ready"), 120, interval=1, what="the snapshot ready")
+    # qemu-ga logs each freeze (qga/commands-posix.c); the thaw shows as a root filesystem that
+    # takes writes again (a write to a frozen one blocks, and this one would time out)
+    journal = sh(hub, "sudo journalctl -u qemu-guest-agent --no-pager -o cat")
+    assert journal.count("guest-fsfreeze called") == 1, journal[-2000:]
+    assert "fsFreezeStatus" not in cluster.vmi(NS, VM)["status"]
+    sh(hub, "echo after | sudo tee /opt/state")
+    r = api.post(f"{hub.url}{SERVICE_API}/workstations/{USER}/restore", json={"snapshot": "tuned", "confirm": True},
+                 timeout=120)
+    assert r.status_code == 202, r.text
+    wait_for(lambda: (api.get(f"{hub.url}{SERVICE_API}/workstations/{USER}", timeout=30).json().get("operation")
+                      or {}).get("state") not in (None, "running"), BOOT_TIMEOUT + 120, interval=3,
+             what="the restore")
+    hub.wait_ready(USER, timeout=BOOT_TIMEOUT)
+    assert sh(hub, "cat /opt/state /etc/alice.conf") == "before\ntuned\n"
+
