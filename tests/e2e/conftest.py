@@ -4,14 +4,21 @@ REST API and the proxy."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 import requests
 from kubernetes import client
+from tornado.httpclient import HTTPRequest
+from tornado.ioloop import IOLoop
+from tornado.websocket import websocket_connect
 
 from kubevirt_spawner import demo
 
@@ -21,6 +28,22 @@ E2E_SPEED = 20.0
 # The demo gives every machine a workspace disk; the hub tests that count a machine's disks use a
 # hub config without one (also a supported setup: /home on the system disk).
 ROOT_DISK_ONLY = 'c.KubeVirtSpawner.workspace_disk_size = ""\n'
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes `pid` started, and theirs, wherever their sessions are (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            # after the command, which is in parentheses and may hold anything: state, ppid, ...
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 class Hub:
@@ -51,8 +74,12 @@ class Hub:
         return self
 
     def kill(self):
-        """A hub crash: no clean shutdown."""
-        self.proc.kill()
+        """A hub crash: no clean shutdown, and its managed services (started in sessions of their
+        own) die with it, as everything in a crashed pod does."""
+        doomed = [self.proc.pid, *descendants(self.proc.pid)]
+        for pid in doomed:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         self.proc.wait()
 
     def restart(self, crash: bool = True):
@@ -68,6 +95,46 @@ class Hub:
 
     def log(self) -> str:
         return (self.log_dir / "hub.log").read_text(errors="replace")
+
+    def execute(self, user: str, code: str, wait: bool = True, timeout: float = 120) -> str:
+        """Run Python `code` in a new kernel on the user's server (Jupyter's kernel websocket). With
+        `wait`, until it ends: what it printed (its error fails the test), and the kernel is shut
+        down. Without, only until the kernel is busy with it, and the kernel is left running it."""
+        base = f"{self.url}/user/{user}"
+        kernel = self.http.post(f"{base}/api/kernels", json={"name": "python3"}, timeout=timeout)
+        assert kernel.status_code == 201, kernel.text
+        kid = kernel.json()["id"]
+        token = self.http.headers["Authorization"].split()[1]
+        out: list[str] = []
+
+        async def execute():
+            ws = await websocket_connect(HTTPRequest(f"{base.replace('http', 'ws', 1)}/api/kernels/{kid}/channels",
+                                                     headers={"Authorization": f"token {token}"}))
+            msg_id = uuid.uuid4().hex
+            ws.write_message(json.dumps({
+                "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": user, "session": msg_id,
+                           "version": "5.3", "date": ""},
+                "parent_header": {}, "metadata": {}, "channel": "shell",
+                "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {},
+                            "allow_stdin": False, "stop_on_error": True}}))
+            while True:
+                reply = json.loads(await ws.read_message())
+                if reply["parent_header"].get("msg_id") != msg_id:
+                    continue
+                if reply["msg_type"] == "stream":
+                    out.append(reply["content"]["text"])
+                elif reply["msg_type"] == "error":
+                    raise AssertionError("\n".join(reply["content"]["traceback"]))
+                elif reply["msg_type"] == "status" and reply["content"]["execution_state"] == ("idle" if wait
+                                                                                              else "busy"):
+                    break
+            ws.close()
+        try:
+            IOLoop.current().run_sync(execute, timeout=timeout)
+        finally:
+            if wait:
+                self.http.delete(f"{base}/api/kernels/{kid}", timeout=60)
+        return "".join(out)
 
     # ------------------------------------------------------------ hub REST API
     def api(self, method: str, path: str, **kw) -> requests.Response:

@@ -12,16 +12,11 @@ JUPYTERHUB_ACTIVITY_INTERVAL seconds) from what its activity sampler found.
 
 from __future__ import annotations
 
-import json
 import time
-import uuid
 from datetime import datetime, timedelta
 
 import pytest
 from conftest import SERVICE_API, Cluster, Hub, hub_with_service
-from tornado.httpclient import HTTPRequest
-from tornado.ioloop import IOLoop
-from tornado.websocket import websocket_connect
 
 from simtools import wait_for
 
@@ -58,34 +53,6 @@ def capacity(hub: Hub) -> dict:
     return r.json()
 
 
-def run_cell(hub: Hub, user: str, code: str):
-    """Start a kernel on the user's server and send it one cell (Jupyter's kernel websocket), without
-    waiting for the cell to finish."""
-    base = f"{hub.url}/user/{user}"
-    kernel = hub.http.post(f"{base}/api/kernels", json={"name": "python3"}, timeout=60)
-    assert kernel.status_code == 201, kernel.text
-    kid = kernel.json()["id"]
-    token = hub.http.headers["Authorization"].split()[1]
-
-    async def send():
-        ws = await websocket_connect(HTTPRequest(f"{base.replace('http', 'ws', 1)}/api/kernels/{kid}/channels",
-                                                 headers={"Authorization": f"token {token}"}))
-        msg_id = uuid.uuid4().hex
-        ws.write_message(json.dumps({
-            "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": user, "session": msg_id,
-                       "version": "5.3", "date": ""},
-            "parent_header": {}, "metadata": {}, "channel": "shell",
-            "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {},
-                        "allow_stdin": False, "stop_on_error": True}}))
-        while True:  # until the kernel says it is busy with it
-            reply = json.loads(await ws.read_message())
-            if reply.get("msg_type") == "status" and reply["content"]["execution_state"] == "busy" and \
-                    reply["parent_header"].get("msg_id") == msg_id:
-                break
-        ws.close()
-    IOLoop.current().run_sync(send, timeout=60)
-
-
 def test_idle_machines_are_stopped_busy_ones_are_not_and_the_service_says_why(hub: Hub, cluster: Cluster):
     ns = {user: f"notebook-{user}" for user in ("ivy", "gus", "sam", "kim", "kai")}
     # Each busy machine gets what keeps it busy, where a guest sees it, as soon as it is up (the
@@ -96,7 +63,7 @@ def test_idle_machines_are_stopped_busy_ones_are_not_and_the_service_says_why(hu
     cluster.sim_api("PUT", f"/vmis/{ns['sam']}/sam-workstation/users", {"users": [
         {"userName": "sam", "loginTime": time.time() - 600, "host": "10.1.2.3", "idleSeconds": 5}]})
     hub.start_server("kim", timeout=180)
-    run_cell(hub, "kim", "import time; time.sleep(3600)")
+    hub.execute("kim", "import time; time.sleep(3600)", wait=False)
     hub.start_server("kai", timeout=180)
     r = hub.http.post(f"{hub.url}{API}/workstations/kai/keepalive", json={"minutes": 45}, timeout=30)
     assert r.status_code == 200, r.text

@@ -13,15 +13,11 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 import requests
-from conftest import E2E_SPEED, SERVICE_API, Cluster, Hub
-from tornado.httpclient import HTTPRequest
-from tornado.ioloop import IOLoop
-from tornado.websocket import websocket_connect
+from conftest import E2E_SPEED, SERVICE_API, Cluster, Hub, hub_with_service
 
 from simtools import start_sim, wait_for
 
@@ -73,11 +69,7 @@ def cluster(qemu_sim):
 
 @pytest.fixture(scope="module")
 def hub(qemu_sim, tmp_path_factory):
-    h = Hub(tmp_path_factory.mktemp("hub"), qemu_sim, extra_config=QEMU_CONFIG).start()
-    wait_for(lambda: requests.get(f"{h.url}{SERVICE_API}/workstations", timeout=5).status_code == 401, 60,
-             what="the workstations service")
-    yield h
-    h.close()
+    yield from hub_with_service(qemu_sim, tmp_path_factory, QEMU_CONFIG)
 
 
 @pytest.fixture(scope="module")
@@ -87,46 +79,9 @@ def ssh_key(tmp_path_factory) -> Path:
     return key
 
 
-def run(hub: Hub, code: str, user: str = USER) -> str:
-    """Run Python `code` in a kernel on the user's machine; what it printed (its error fails the test)."""
-    base = f"{hub.url}/user/{user}"
-    kernel = hub.http.post(f"{base}/api/kernels", json={"name": "python3"}, timeout=120)
-    assert kernel.status_code == 201, kernel.text
-    kid = kernel.json()["id"]
-    token = hub.http.headers["Authorization"].split()[1]
-    out: list[str] = []
-
-    async def execute():
-        ws = await websocket_connect(HTTPRequest(f"{base.replace('http', 'ws', 1)}/api/kernels/{kid}/channels",
-                                                 headers={"Authorization": f"token {token}"}))
-        msg_id = uuid.uuid4().hex
-        ws.write_message(json.dumps({
-            "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": user, "session": msg_id,
-                       "version": "5.3", "date": ""},
-            "parent_header": {}, "metadata": {}, "channel": "shell",
-            "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {},
-                        "allow_stdin": False, "stop_on_error": True}}))
-        while True:
-            reply = json.loads(await ws.read_message())
-            if reply["parent_header"].get("msg_id") != msg_id:
-                continue
-            if reply["msg_type"] == "stream":
-                out.append(reply["content"]["text"])
-            elif reply["msg_type"] == "error":
-                raise AssertionError("\n".join(reply["content"]["traceback"]))
-            elif reply["msg_type"] == "status" and reply["content"]["execution_state"] == "idle":
-                break
-        ws.close()
-    try:
-        IOLoop.current().run_sync(execute, timeout=120)
-    finally:
-        hub.http.delete(f"{base}/api/kernels/{kid}", timeout=60)
-    return "".join(out)
-
-
 def sh(hub: Hub, command: str) -> str:
     """A shell command run by the user on the machine (sudo works: the owner administers it)."""
-    return run(hub, f"import subprocess\nprint(subprocess.run({command!r}, shell=True, check=True, "
+    return hub.execute(USER, f"import subprocess\nprint(subprocess.run({command!r}, shell=True, check=True, "
                     "capture_output=True, text=True).stdout, end='')")
 
 
