@@ -1,0 +1,138 @@
+"""deploy/host/check-node.sh on fake hosts: /proc, /sys and /dev trees laid out as Linux lays
+them out (the PCI devices' `class`, `vendor`, `device`, `driver` and `iommu_group` links as
+drivers/pci/pci-sysfs.c and drivers/iommu/iommu.c make them), for a node that is ready for GPU
+passthrough, one without an IOMMU, and one whose GPU is still bound to the NVIDIA driver."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+
+import pytest
+
+SCRIPT = pathlib.Path(__file__).resolve().parent.parent / "deploy" / "host" / "check-node.sh"
+GPU, GPU_AUDIO = "0000:3b:00.0", "0000:3b:00.1"
+
+
+def fake_host(root: pathlib.Path, *, iommu: bool = True, gpu_driver: str = "vfio-pci",
+              audio_driver: str = "vfio-pci", modules: tuple[str, ...] = ("kvm", "kvm_intel", "vhost_net", "tun",
+                                                                           "vfio", "vfio_pci", "vfio_iommu_type1"),
+              flags: str = "fpu vme de pse tsc msr pae vmx ept", devices=("kvm", "vhost-net", "net/tun")) -> pathlib.Path:
+    """A host with two CPUs and one A100 (with its audio function) in IOMMU group 42."""
+    (root / "proc").mkdir(parents=True)
+    (root / "proc" / "cpuinfo").write_text("".join(
+        f"processor\t: {n}\nvendor_id\t: GenuineIntel\nflags\t\t: {flags}\n\n" for n in range(2)))
+    cmdline = "BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro" + (" intel_iommu=on iommu=pt" if iommu else "")
+    (root / "proc" / "cmdline").write_text(cmdline + "\n")
+    for module in modules:
+        (root / "sys" / "module" / module).mkdir(parents=True)
+    if "kvm_intel" in modules:
+        (root / "sys" / "module" / "kvm_intel" / "parameters").mkdir()
+        (root / "sys" / "module" / "kvm_intel" / "parameters" / "nested").write_text("Y\n")
+    for dev in devices:
+        (root / "dev" / dev).parent.mkdir(parents=True, exist_ok=True)
+        (root / "dev" / dev).write_text("")
+    pci = root / "sys" / "bus" / "pci"
+    (root / "sys" / "kernel" / "iommu_groups").mkdir(parents=True)
+    for driver in ("vfio-pci", "nvidia", "snd_hda_intel"):
+        (pci / "drivers" / driver).mkdir(parents=True, exist_ok=True)
+    # The devices' real directories are under /sys/devices; /sys/bus/pci/devices links to them.
+    for address, klass, device, driver in ((GPU, "0x030200", "0x20b0", gpu_driver),
+                                           (GPU_AUDIO, "0x040300", "0x1aef", audio_driver),
+                                           ("0000:00:02.0", "0x060400", "0x2030", "pcieport")):
+        real = root / "sys" / "devices" / "pci0000:00" / address
+        real.mkdir(parents=True)
+        (real / "class").write_text(klass + "\n")
+        (real / "vendor").write_text(("0x8086" if klass.startswith("0x0604") else "0x10de") + "\n")
+        (real / "device").write_text(device + "\n")
+        (pci / "drivers" / driver).mkdir(parents=True, exist_ok=True)
+        os.symlink(os.path.relpath(pci / "drivers" / driver, real), real / "driver")
+        (pci / "devices").mkdir(exist_ok=True)
+        os.symlink(os.path.relpath(real, pci / "devices"), pci / "devices" / address)
+        if iommu:
+            group = root / "sys" / "kernel" / "iommu_groups" / "42"
+            (group / "devices").mkdir(parents=True, exist_ok=True)
+            os.symlink(os.path.relpath(group, real), real / "iommu_group")
+            os.symlink(os.path.relpath(real, group / "devices"), group / "devices" / address)
+    return root
+
+
+def check(root: pathlib.Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), "--root", str(root), *args], capture_output=True, text=True,
+                          check=False, timeout=60)
+
+
+def rows(out: str) -> dict[str, list[str]]:
+    """CHECK -> the results of its rows."""
+    table: dict[str, list[str]] = {}
+    for line in out.splitlines()[1:]:
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] in ("PASS", "WARN", "FAIL", "SKIP"):
+            table.setdefault(parts[1], []).append(parts[0])
+    return table
+
+
+def test_a_ready_passthrough_host_passes_every_check(tmp_path):
+    done = check(fake_host(tmp_path / "ready"), "--pool", "vm-gpu-pci")
+    assert done.returncode == 0, done.stdout + done.stderr
+    table = rows(done.stdout)
+    assert table == {
+        "cpu-virtualisation": ["PASS"], "kvm-modules": ["PASS"], "dev-kvm": ["PASS"], "dev-vhost-net": ["PASS"],
+        "dev-net-tun": ["PASS"], "nested-virtualisation": ["PASS"], "virt-host-validate": ["SKIP"],
+        "iommu": ["PASS"], "iommu-passthrough": ["PASS"], "vfio-modules": ["PASS"], "gpu-binding": ["PASS"],
+        "iommu-group": ["PASS"], "driver-conflicts": ["PASS"]}, done.stdout
+    assert "0000:3b:00.0 (10de:20b0) is bound to vfio-pci" in done.stdout
+    assert "node ready for pool vm-gpu-pci" in done.stdout
+
+
+def test_a_host_without_iommu_fails_with_the_fix(tmp_path):
+    done = check(fake_host(tmp_path / "no-iommu", iommu=False), "--pool", "vm-gpu-pci")
+    assert done.returncode == 1
+    table = rows(done.stdout)
+    assert table["iommu"] == ["FAIL"] and table["iommu-passthrough"] == ["WARN"]
+    assert "iommu-group" not in table  # nothing to say of groups that do not exist beyond the FAIL above
+    assert table["cpu-virtualisation"] == ["PASS"] and table["gpu-binding"] == ["PASS"]
+    assert "fix: enable VT-d / AMD-Vi in the BIOS and boot with intel_iommu=on iommu=pt" in done.stdout
+    assert "node NOT ready for pool vm-gpu-pci" in done.stdout
+
+
+def test_a_gpu_bound_to_the_host_driver_fails_and_so_does_its_group(tmp_path):
+    root = fake_host(tmp_path / "wrong-driver", gpu_driver="nvidia", audio_driver="snd_hda_intel",
+                     modules=("kvm", "kvm_intel", "vhost_net", "tun", "vfio", "vfio_pci", "vfio_iommu_type1",
+                              "nvidia"))
+    done = check(root, "--pool", "vm-gpu-pci")
+    assert done.returncode == 1
+    table = rows(done.stdout)
+    assert table["gpu-binding"] == ["FAIL"] and table["iommu-group"] == ["FAIL"]
+    assert table["driver-conflicts"] == ["WARN"] and table["iommu"] == ["PASS"]
+    assert "0000:3b:00.0 (10de:20b0) is bound to nvidia, not vfio-pci" in done.stdout
+    assert "options vfio-pci ids=10de:20b0 and softdep nvidia pre: vfio-pci" in done.stdout
+    assert "IOMMU group 42 of 0000:3b:00.0 also holds 0000:3b:00.1 (snd_hda_intel)" in done.stdout
+    # the same host is a good container GPU node, and a GPU bound to vfio-pci is not
+    assert check(root, "--pool", "container-gpu").returncode == 0
+    vfio = check(fake_host(tmp_path / "vfio"), "--pool", "container-gpu")
+    assert vfio.returncode == 1 and rows(vfio.stdout)["gpu-binding"] == ["FAIL"]
+
+
+@pytest.mark.parametrize(("change", "failing"), [
+    ({"flags": "fpu vme de pse tsc msr pae"}, "cpu-virtualisation"),
+    ({"flags": "fpu vme de pse tsc msr pae hypervisor"}, "cpu-virtualisation"),
+    ({"modules": ("kvm", "vhost_net", "tun")}, "kvm-modules"),
+    ({"devices": ("kvm", "net/tun")}, "dev-vhost-net"),
+    ({"devices": ("vhost-net", "net/tun")}, "dev-kvm"),
+])
+def test_a_cpu_node_fails_each_missing_piece_alone(tmp_path, change, failing):
+    done = check(fake_host(tmp_path / "host", **change))
+    assert done.returncode == 1
+    assert [check for check, results in rows(done.stdout).items() if "FAIL" in results] == [failing], done.stdout
+    assert check(fake_host(tmp_path / "fine")).returncode == 0
+
+
+def test_bad_usage_changes_nothing_and_says_why(tmp_path):
+    bad_pool = check(fake_host(tmp_path / "h"), "--pool", "gpu")
+    assert bad_pool.returncode == 2 and "unknown pool gpu" in bad_pool.stderr and not bad_pool.stdout
+    not_a_host = check(tmp_path / "nothing")
+    assert not_a_host.returncode == 2 and "is --root the host's root?" in not_a_host.stderr
+    assert "--pool POOL" in subprocess.run(["bash", str(SCRIPT), "--help"], capture_output=True, text=True,
+                                           check=True).stdout
