@@ -52,6 +52,24 @@ c.KubeVirtSpawner.start_timeout = 1800  # a first start clones 150 GiB
 c.KubeVirtSpawner.http_timeout = 300
 c.KubeVirtSpawner.args = ["--ContentsManager.allow_hidden=True"]
 c.KubeVirtSpawner.server_token_scopes = ["users:activity!user", "access:servers!server"]
+# Zero-to-JupyterHub's hub NetworkPolicy admits pods with this label (from any namespace with
+# interNamespaceAccessLabels: accept, deploy/jupyterhub/values.yaml): the workstations' launcher
+# pods carry it, so their guests reach the hub and the workstations service.
+c.KubeVirtSpawner.extra_labels = {"hub.jupyter.org/network-access-hub": "true"}
+
+# --- what a user's namespace gets with their first workstation: only the hub's and the proxy's
+# pods (Zero-to-JupyterHub's labels) reach the workstations, which do not reach each other; and
+# what one user may hold in all (three servers at most, see named_server_limit_per_user).
+c.KubeVirtSpawner.network_policy_ingress_from = [
+    {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": hub_namespace}},
+     "podSelector": {"matchLabels": {"app": "jupyterhub"},
+                     "matchExpressions": [{"key": "component", "operator": "In", "values": ["hub", "proxy"]}]}},
+]
+c.KubeVirtSpawner.namespace_resource_quota = {
+    "requests.cpu": "24", "requests.memory": "160Gi", "requests.storage": "1Ti", "persistentvolumeclaims": "12",
+    "requests.nvidia.com/A100-PCIE-40GB": "1",
+}
+c.KubeVirtSpawner.namespace_limit_range = [{"type": "PersistentVolumeClaim", "max": {"storage": "500Gi"}}]
 
 vm_nodes = {
     "node_selector": {"workload.example.com/kubevirt": "true"},

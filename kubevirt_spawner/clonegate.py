@@ -21,7 +21,7 @@ from .objects import FINAL_PHASES, field_value
 COPY, CSI = "copy", "csi"
 # The DataVolume phase tells how CDI is cloning once it has started (CDI's populator phase map).
 PHASE_KIND = {"CloneInProgress": COPY, "CSICloneInProgress": CSI, "SnapshotForSmartCloneInProgress": CSI,
-              "CSICloneSourceInUse": CSI, "SmartClonePVCInProgress": CSI, "CloneFromSnapshotSourceInProgress": CSI}
+              "SmartClonePVCInProgress": CSI, "CloneFromSnapshotSourceInProgress": CSI}
 
 Key = tuple[str, str]
 Report = Callable[[int, str], None]

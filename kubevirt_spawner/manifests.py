@@ -121,6 +121,37 @@ def namespace(ident: Identity) -> dict:
                          "annotations": {ANNOTATION_USERNAME: ident.user}}}
 
 
+NAMESPACE_GUARD_NAME = "kubevirt-spawner"
+
+
+def _namespace_guard_meta(ident: Identity) -> dict:
+    return {"name": NAMESPACE_GUARD_NAME, "namespace": ident.namespace,
+            "labels": {"app.kubernetes.io/managed-by": MANAGED_BY, LABEL_USER: ident.user_slug}}
+
+
+def network_policy(ident: Identity, ports: tuple[tuple[str, int], ...], peers: list[dict]) -> dict:
+    """Who may reach the workstations of a namespace: only `peers` (the hub and the proxy), on the
+    machines' ports; so workstations do not reach each other, whatever else runs there."""
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": _namespace_guard_meta(ident),
+            "spec": {"podSelector": {"matchLabels": {"app.kubernetes.io/managed-by": MANAGED_BY}},
+                     "policyTypes": ["Ingress"],
+                     "ingress": [{"from": [dict(p) for p in peers],
+                                  "ports": [{"protocol": "TCP", "port": port} for _, port in ports]}]}}
+
+
+def resource_quota(ident: Identity, hard: dict[str, str]) -> dict:
+    """What one user's namespace may hold in all (CPU, memory, GPUs, disk space, machines)."""
+    return {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": _namespace_guard_meta(ident),
+            "spec": {"hard": dict(hard)}}
+
+
+def limit_range(ident: Identity, limits: list[dict]) -> dict:
+    """Bounds on each pod, container or claim in one user's namespace."""
+    return {"apiVersion": "v1", "kind": "LimitRange", "metadata": _namespace_guard_meta(ident),
+            "spec": {"limits": [dict(item) for item in limits]}}
+
+
 def _b64(text: str) -> str:
     return base64.b64encode(text.encode("utf-8")).decode("ascii")
 

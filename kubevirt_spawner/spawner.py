@@ -80,6 +80,23 @@ class KubeVirtSpawner(Spawner):
     extra_labels = Dict(config=True, help="Extra labels on every object of a workstation.")
     extra_annotations = Dict(config=True, help="Extra annotations on every object of a workstation.")
 
+    # ---------------------------------------------------------------- a user's namespace
+    network_policy_ingress_from = List(Dict(), config=True, help="""
+        NetworkPolicy peers (Kubernetes NetworkPolicyPeer objects) that may reach the workstations'
+        ports; the hub makes a NetworkPolicy `kubevirt-spawner` with them in each namespace it makes
+        (with a user's first workstation), so nothing else reaches a workstation, other
+        workstations included. Empty (the default): no NetworkPolicy. Zero-to-JupyterHub's hub and
+        proxy: [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": HUB_NAMESPACE}},
+        "podSelector": {"matchExpressions": [{"key": "component", "operator": "In", "values":
+        ["hub", "proxy"]}]}}].""")
+    namespace_resource_quota = Dict(value_trait=Unicode(), config=True, help="""
+        The `hard` limits of a ResourceQuota `kubevirt-spawner` the hub makes in each namespace it
+        makes, e.g. {"requests.cpu": "16", "requests.memory": "128Gi", "requests.storage": "1Ti",
+        "requests.nvidia.com/A100-PCIE-40GB": "1"}. Empty (the default): none.""")
+    namespace_limit_range = List(Dict(), config=True, help="""
+        The `limits` of a LimitRange `kubevirt-spawner` the hub makes in each namespace it makes, e.g.
+        [{"type": "PersistentVolumeClaim", "max": {"storage": "500Gi"}}]. Empty (the default): none.""")
+
     # ---------------------------------------------------------------- behaviour
     url_mode = Enum(["dns", "cluster-ip"], default_value="dns", config=True, help="""
         How the hub reaches the guest: the Service's DNS name
@@ -165,6 +182,39 @@ class KubeVirtSpawner(Spawner):
     def _check_ports(self, proposal):
         if m.JUPYTER_PORT not in proposal["value"].values():
             raise TraitError(f"KubeVirtSpawner.ports must include Jupyter's port {m.JUPYTER_PORT}")
+        return proposal["value"]
+
+    @validate("network_policy_ingress_from")
+    def _check_peers(self, proposal):
+        for peer in proposal["value"]:
+            if not peer or set(peer) - {"podSelector", "namespaceSelector", "ipBlock"}:
+                raise TraitError(f"KubeVirtSpawner.network_policy_ingress_from: {peer!r} is not a NetworkPolicy "
+                                 "peer (podSelector, namespaceSelector and/or ipBlock)")
+        return proposal["value"]
+
+    @validate("namespace_resource_quota")
+    def _check_quota(self, proposal):
+        for resource, amount in proposal["value"].items():
+            try:
+                parse_quantity(amount)
+            except ValueError:
+                raise TraitError(f"KubeVirtSpawner.namespace_resource_quota: {resource} = {amount!r} is not a "
+                                 "Kubernetes quantity such as 16 or 128Gi") from None
+        return proposal["value"]
+
+    @validate("namespace_limit_range")
+    def _check_limits(self, proposal):
+        for item in proposal["value"]:
+            if item.get("type") not in ("Container", "Pod", "PersistentVolumeClaim"):
+                raise TraitError(f"KubeVirtSpawner.namespace_limit_range: {item!r} needs a type: Container, Pod or "
+                                 "PersistentVolumeClaim")
+            for bound in ("max", "min", "default", "defaultRequest", "maxLimitRequestRatio"):
+                for resource, amount in (item.get(bound) or {}).items():
+                    try:
+                        parse_quantity(amount)
+                    except ValueError:
+                        raise TraitError(f"KubeVirtSpawner.namespace_limit_range: {bound} {resource} = {amount!r} "
+                                         "is not a Kubernetes quantity") from None
         return proposal["value"]
 
     # ---------------------------------------------------------------- set-up
@@ -264,7 +314,10 @@ class KubeVirtSpawner(Spawner):
                             gpu_unavailable=self.gpu_unavailable,
                             start_timeout=max(1.0, self.start_timeout - 5), stop_timeout=self.stop_timeout,
                             retention_days=self.retention_days, clone_stall_timeout=self.clone_stall_timeout,
-                            clone_gate=shared["gate"])
+                            clone_gate=shared["gate"],
+                            network_policy_from=tuple(self.network_policy_ingress_from),
+                            namespace_quota=dict(self.namespace_resource_quota),
+                            namespace_limits=tuple(self.namespace_limit_range))
         self._current = Workstation(shared["kube"], caches, self._ident, self._machine_spec(profile), settings,
                                     self.log)
         return self._current

@@ -33,7 +33,7 @@ SNAPSHOT = k.SNAPSHOT
 STALL_CHECK_SECONDS = 5.0
 # DataVolume phases of a CSI or snapshot clone (copy-on-write, progress "N/A"), and of a disk that
 # waits for its first consumer (no clone stalls there).
-COPY_ON_WRITE_PHASES = ("CSICloneInProgress", "SnapshotForSmartCloneInProgress", "CSICloneSourceInUse")
+COPY_ON_WRITE_PHASES = ("CSICloneInProgress", "SnapshotForSmartCloneInProgress")
 WAITING_FOR_CONSUMER = ("WaitForFirstConsumer", "PendingPopulation")
 ALREADY_RUNNING = ("already running", "does not support manual start requests")
 
@@ -81,6 +81,10 @@ class Settings:
     retention_days: int = 30
     clone_stall_timeout: float = 600.0
     clone_gate: CloneGate = field(default_factory=CloneGate)
+    # What a user's namespace gets with its first workstation (nothing when empty).
+    network_policy_from: tuple = ()
+    namespace_quota: dict = field(default_factory=dict)
+    namespace_limits: tuple = ()
 
 
 # One task per workstation and operation kind, so concurrent starts act once; with its number of
@@ -262,6 +266,8 @@ class Workstation:
         """Create whatever is missing; adopt what exists (after a hub restart, or a second start)."""
         refused = await self._ensure_namespace() if self.vm is None else None
         try:
+            if self.vm is None:
+                await self._ensure_namespace_guards()
             await self._provision_objects(report, deadline)
         except k.KubeError as err:
             # The namespace is missing because the hub was not allowed to create it: say that.
@@ -330,6 +336,25 @@ class Workstation:
             if err.status != 409:  # 409: it exists, all we need
                 raise
         return None
+
+    async def _ensure_namespace_guards(self):
+        """The namespace's NetworkPolicy, ResourceQuota and LimitRange, as configured, made with its
+        first workstation (one that exists is left as it is: an administrator may have changed it)."""
+        wanted = []
+        if self.settings.network_policy_from:
+            wanted.append((k.NETWORK_POLICY, m.network_policy(self.ident, self.spec.ports,
+                                                              list(self.settings.network_policy_from))))
+        if self.settings.namespace_quota:
+            wanted.append((k.RESOURCE_QUOTA, m.resource_quota(self.ident, self.settings.namespace_quota)))
+        if self.settings.namespace_limits:
+            wanted.append((k.LIMIT_RANGE, m.limit_range(self.ident, list(self.settings.namespace_limits))))
+        for kind, obj in wanted:
+            try:
+                await self.kube.create(kind, obj)
+                self.log.info("created %s %s/%s", kind.kind, self.ident.namespace, obj["metadata"]["name"])
+            except k.KubeError as err:
+                if err.status != 409:
+                    raise
 
     async def _ensure(self, kind: k.Kind, obj: dict, cache: Reflector) -> dict:
         """Create the object; when it exists, the existing one, which must be this workstation's.

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
+import functools
+import shutil
+import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -86,14 +91,23 @@ def service_account_kubeconfig(sim, namespace: str, name: str, path) -> str:
 
 HUB_NAMESPACE = "jupyterhub"
 HUB_SERVICE_ACCOUNT = "hub"
-DEPLOY_RBAC = Path(__file__).resolve().parents[1] / "deploy" / "rbac"
+DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
+
+
+@functools.cache
+def rendered_deploy() -> Path:
+    """deploy/'s manifests rendered from deploy/settings.env (deploy/render.sh), once per run."""
+    out = Path(tempfile.mkdtemp(prefix="kvs-rendered-"))
+    atexit.register(shutil.rmtree, out, True)
+    subprocess.run(["bash", str(DEPLOY / "render.sh"), "--out", str(out)], check=True, capture_output=True)
+    return out
 
 
 def hub_rbac_objects(hub_namespace: str = HUB_NAMESPACE) -> list[dict]:
-    """The hub's RBAC as deploy/rbac/ ships it, bound to the hub's ServiceAccount in `hub_namespace`
-    (what a platform team edits when it applies the files)."""
+    """The hub's RBAC as deploy/rbac/ ships it (rendered), bound to the hub's ServiceAccount in
+    `hub_namespace`."""
     objects = []
-    for path in sorted(DEPLOY_RBAC.glob("*.yaml")):
+    for path in sorted((rendered_deploy() / "rbac").glob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
             for subject in doc.get("subjects") or []:
                 if subject.get("kind") == "ServiceAccount":

@@ -67,6 +67,11 @@ def test_bad_profile_lists_fail_at_start_up_naming_the_setting(bad, message):
     ("url_mode", "ingress", "url_mode"),
     ("gpus", {"A100": 1}, "gpus"),
     ("max_concurrent_clones", 0, "max_concurrent_clones"),
+    ("network_policy_ingress_from", [{"pods": "hub"}], "network_policy_ingress_from.*not a NetworkPolicy peer"),
+    ("namespace_resource_quota", {"requests.cpu": "lots"}, "namespace_resource_quota: requests.cpu = 'lots'"),
+    ("namespace_limit_range", [{"max": {"storage": "1Ti"}}], "namespace_limit_range.*needs a type"),
+    ("namespace_limit_range", [{"type": "PersistentVolumeClaim", "max": {"storage": "huge"}}],
+     "namespace_limit_range: max storage = 'huge'"),
 ])
 def test_bad_settings_fail_naming_the_setting(setting, value, message):
     c = Config()

@@ -76,7 +76,11 @@ async def lifecycle(sim, kubeconfig: str) -> Outcome:
     log.addHandler(lines)
     kube = k.Kube(k.load_api_client(kubeconfig), log, retry_timeout=5)
     caches = Caches(kube, m.LABEL_WORKSTATION)
-    settings = Settings(url_mode="cluster-ip", start_timeout=60, stop_timeout=20)
+    settings = Settings(url_mode="cluster-ip", start_timeout=60, stop_timeout=20,
+                        network_policy_from=({"namespaceSelector": {"matchLabels": {
+                            "kubernetes.io/metadata.name": HUB_NAMESPACE}}},),
+                        namespace_quota={"requests.storage": "1Ti"},
+                        namespace_limits=({"type": "PersistentVolumeClaim", "max": {"storage": "500Gi"}},))
     spec = m.MachineSpec(workspace_disk_size="10Gi")
     ident = names.identity(user)
     error = None

@@ -25,7 +25,7 @@ from kubevirt_spawner.reflector import Caches
 from kubevirt_spawner.spawner import KubeVirtSpawner
 from kubevirt_spawner.workstation import CloneGate, Settings, Workstation, WorkstationError
 
-from simtools import sim_api, start_sim
+from simtools import http, sim_api, start_sim
 
 GPU = "nvidia.com/A100-PCIE-40GB"
 GPU_PLACEMENT = dict(node_selector={"accelerator.example.com/mode": "vfio"},
@@ -806,3 +806,42 @@ async def test_a_reset_installs_the_golden_image_configured_now(env):
     assert op.state == "done" and field_value(upgraded.rootdisk, "spec.source.pvc.name") == golden_v2
     with open(os.path.join(env.sim.cluster.volume_dir(upgraded.rootdisk_pvc), "etc", "golden-image")) as f:
         assert f.read() == "v2\n"
+
+
+async def test_a_users_namespace_gets_its_network_policy_quota_and_limits_with_the_first_workstation(env):
+    peers = ({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "jupyterhub"}},
+              "podSelector": {"matchExpressions": [{"key": "component", "operator": "In",
+                                                    "values": ["hub", "proxy"]}]}},)
+    guards = {"network_policy_from": peers, "namespace_quota": {"requests.storage": "200Gi"},
+              "namespace_limits": ({"type": "PersistentVolumeClaim", "max": {"storage": "100Gi"}},)}
+    ws = workstation(env, "nora", **guards)
+    before = counts(env.sim)
+    await ws.start({"JUPYTERHUB_API_TOKEN": "t1"}, [])
+    made = writes(diff(before, counts(env.sim)))
+    assert made["create networkpolicies"] == made["create resourcequotas"] == made["create limitranges"] == 1
+    ns = ws.ident.namespace
+    policy = http(env.sim).get(f"{env.sim.url}/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies/"
+                               "kubevirt-spawner").json()
+    # only the hub and the proxy, only on the machine's ports, to the workstations' pods (the VMI's
+    # labels, which KubeVirt puts on its launcher pod)
+    assert policy["spec"]["ingress"] == [{"from": list(peers), "ports": [
+        {"protocol": "TCP", "port": 22}, {"protocol": "TCP", "port": 8080}, {"protocol": "TCP", "port": 8888}]}]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= \
+        ws.vm["spec"]["template"]["metadata"]["labels"].items()
+    quota_url = f"{env.sim.url}/api/v1/namespaces/{ns}/resourcequotas/kubevirt-spawner"
+    assert http(env.sim).get(quota_url).json()["spec"]["hard"] == {"requests.storage": "200Gi"}
+    await ws.stop()
+    # a second workstation of the same user leaves them as an admin changed them
+    assert http(env.sim).patch(quota_url, json={"spec": {"hard": {"requests.storage": "300Gi"}}},
+                               headers={"Content-Type": "application/merge-patch+json"}).status_code == 200
+    second = Workstation(env.kube, env.caches, names.identity("nora", "gpu"), m.MachineSpec(),
+                         Settings(url_mode="cluster-ip", **guards), LOG)
+    await second.start({"JUPYTERHUB_API_TOKEN": "t2"}, [])
+    assert http(env.sim).get(quota_url).json()["spec"]["hard"] == {"requests.storage": "300Gi"}
+    await second.stop()
+    # none of them without the settings
+    plain = workstation(env, "otto")
+    await plain.start({"JUPYTERHUB_API_TOKEN": "t3"}, [])
+    assert http(env.sim).get(f"{env.sim.url}/api/v1/namespaces/{plain.ident.namespace}/resourcequotas").json()[
+        "items"] == []
+    await plain.stop()

@@ -635,7 +635,8 @@ class Workstations(LoggingConfigurable):
             result = await work
         except WorkstationError as err:
             self._audit(caller, action, ws, f"failed: {err.jupyterhub_message}", detail)
-            self.m_operations.labels(action, "failed").inc()
+            # what the user asked was refused (a taken name, a limit) or it failed: alerts need the latter
+            self.m_operations.labels(action, "refused" if err.status_code < 500 else "failed").inc()
             raise ServiceError(err.status_code, err.jupyterhub_message or str(err)) from None
         except HubError as err:
             self._audit(caller, action, ws, f"failed: the hub said {err}", detail)

@@ -85,6 +85,7 @@ RESOURCE_TYPES: tuple[ResourceType, ...] = (
                  namespaced=False, columns=(Column("Role", "roleRef.name"), _AGE)),
     ResourceType("", ("v1",), "ResourceQuota", "resourcequotas", short_names=("quota",),
                  subresources=("status",), columns=(_AGE,)),
+    ResourceType("", ("v1",), "LimitRange", "limitranges", short_names=("limits",), columns=(_AGE,)),
     ResourceType("storage.k8s.io", ("v1",), "StorageClass", "storageclasses", namespaced=False,
                  short_names=("sc",), columns=(Column("Provisioner", "provisioner"), _AGE)),
     ResourceType("snapshot.storage.k8s.io", ("v1",), "VolumeSnapshotClass", "volumesnapshotclasses",

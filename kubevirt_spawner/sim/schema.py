@@ -25,6 +25,11 @@ SCHEMA_FILES = {
     "VirtualMachineSnapshotContent": ("kubevirt/virtualmachinesnapshotcontent.openapiv3.yaml", None),
     "VirtualMachineRestore": ("kubevirt/virtualmachinerestore.openapiv3.yaml", None),
     "DataVolume": ("cdi/datavolume.crd.yaml", "crd"),
+    # (not served with validation by the simulator: deploy/'s manifests are checked against them)
+    "KubeVirt": ("kubevirt/kubevirt.openapiv3.yaml", None),
+    "CDI": ("cdi/cdi.crd.yaml", "crd"),
+    "CDIConfig": ("cdi/cdiconfig.crd.yaml", "crd"),
+    "StorageProfile": ("cdi/storageprofile.crd.yaml", "crd"),
 }
 
 
@@ -131,8 +136,8 @@ def _load(directory: str, kind: str) -> KindSchema:
     rel, layout = SCHEMA_FILES[kind]
     with open(os.path.join(directory, rel)) as f:
         doc = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    if layout == "crd":
-        doc = doc["spec"]["versions"][0]["schema"]
+    if layout == "crd":  # the version the API server stores
+        doc = next(v for v in doc["spec"]["versions"] if v.get("storage"))["schema"]
     return KindSchema(doc["openAPIV3Schema"])
 
 

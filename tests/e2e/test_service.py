@@ -459,11 +459,14 @@ def test_metrics_count_operations_snapshots_and_full_disks(hub, tokens):
     hub.stop_server("ivan")
     ivan = Client(hub, user_token(hub, "ivan"))
     ivan.ok("POST", "/workstations/ivan/snapshots", {"name": "counted"}, 201)
+    ivan.ok("POST", "/workstations/ivan/snapshots", {"name": "counted"}, 409)  # refused, not failed
     ivan.ok("POST", "/workstations/ivan/restore", {"snapshot": "counted", "confirm": True}, 202)
     assert wait_operation(ivan, "/workstations/ivan")["state"] == "done"
     text = Client(hub, tokens["admin"]).call("GET", "metrics").text
     assert re.search(r'^workstations_operations_total\{kind="restore",result="succeeded"\} [1-9]', text, re.M), text
     assert re.search(r'^workstations_operations_total\{kind="snapshot",result="succeeded"\} [1-9]', text, re.M)
+    assert re.search(r'^workstations_operations_total\{kind="snapshot",result="refused"\} [1-9]', text, re.M)
+    assert not re.search(r'^workstations_operations_total\{kind="snapshot",result="failed"\} [1-9]', text, re.M)
     assert re.search(r'^workstations_snapshots\{user="ivan"\} 2\.0$', text, re.M)  # and the safety one
     assert re.search(r"^workstations_disks_above_85_percent 0\.0$", text, re.M)
     assert "workstations_operation_seconds_bucket" in text

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Fills deploy/settings.env (or another settings file) into deploy/'s manifests: every YAML file
+# under rbac/, host/, cluster/, jupyterhub/ and guardrails/, written to the same place under the
+# output directory (default deploy/rendered/). Only the settings' ${NAMES} are replaced; a setting
+# that is missing or empty stops it before anything is written.
+#
+#   deploy/render.sh                       # deploy/settings.env -> deploy/rendered/
+#   deploy/render.sh --settings prod.env --out /tmp/prod
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+settings="$here/settings.env"
+out="$here/rendered"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --settings) settings="${2:?--settings needs a file}"; shift 2 ;;
+    --out) out="${2:?--out needs a directory}"; shift 2 ;;
+    -h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "render.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+if ! command -v envsubst >/dev/null 2>&1; then
+  echo "render.sh: envsubst is missing: install gettext-base (Debian, Ubuntu) or gettext" >&2
+  exit 2
+fi
+[ -r "$settings" ] || { echo "render.sh: cannot read $settings" >&2; exit 2; }
+
+names=(KUBEVIRT_VERSION CDI_VERSION KUBEVIRT_NODE_LABEL ACCELERATOR_LABEL GPU_DEVICES KUBEVIRT_FEATURE_GATES
+       STORAGE_CLASS CEPH_CLUSTER_ID CEPH_POOL CEPH_CSI_SECRET CEPH_CSI_SECRET_NAMESPACE SNAPSHOT_CLASS
+       GOLDEN_NAMESPACE GOLDEN_IMAGE GOLDEN_IMAGE_URL GOLDEN_IMAGE_SIZE
+       HUB_NAMESPACE HUB_RELEASE HUB_IMAGE HUB_IMAGE_TAG PUBLIC_HOSTNAME OIDC_ISSUER OIDC_CLIENT_ID
+       USER_NAMESPACE_PREFIX)
+# Only the settings file decides: no value leaks in from the caller's environment.
+unset "${names[@]}"
+set -a
+# shellcheck source=/dev/null
+. "$settings"
+set +a
+missing=()
+for name in "${names[@]}"; do
+  [ -n "${!name:-}" ] || missing+=("$name")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "render.sh: $settings does not set ${missing[*]}" >&2
+  exit 2
+fi
+
+dns_label='^[a-z0-9]([-a-z0-9]*[a-z0-9])?$'
+for name in HUB_NAMESPACE GOLDEN_NAMESPACE STORAGE_CLASS SNAPSHOT_CLASS GOLDEN_IMAGE HUB_RELEASE; do
+  value="${!name}"
+  if ! [[ "$value" =~ $dns_label ]] || [ ${#value} -gt 63 ]; then
+    echo "render.sh: $name=${!name} is not a DNS label (lower-case letters, digits and '-')" >&2
+    exit 2
+  fi
+done
+
+# Lists the YAML takes in flow style, so that they fit on the template's line.
+gates=()
+IFS=',' read -r -a gate_list <<<"$KUBEVIRT_FEATURE_GATES"
+for gate in "${gate_list[@]}"; do
+  gate="${gate// /}"
+  [ -n "$gate" ] && gates+=("\"$gate\"")
+done
+KUBEVIRT_FEATURE_GATES_JSON="[$(IFS=','; echo "${gates[*]}")]"
+devices=()
+for device in $GPU_DEVICES; do
+  selector="${device%%=*}"; resource="${device#*=}"
+  if ! [[ "$selector" =~ ^[0-9A-Fa-f]{4}:[0-9A-Fa-f]{4}$ ]] || [ "$resource" = "$device" ] || [ -z "$resource" ]; then
+    echo "render.sh: GPU_DEVICES entry '$device' is not VENDOR:DEVICE=RESOURCE_NAME (10DE:20B0=nvidia.com/A100-PCIE-40GB)" >&2
+    exit 2
+  fi
+  devices+=("{\"pciVendorSelector\": \"$selector\", \"resourceName\": \"$resource\"}")
+done
+KUBEVIRT_PCI_HOST_DEVICES_JSON="[$(IFS=','; echo "${devices[*]}")]"
+export KUBEVIRT_FEATURE_GATES_JSON KUBEVIRT_PCI_HOST_DEVICES_JSON
+names+=(KUBEVIRT_FEATURE_GATES_JSON KUBEVIRT_PCI_HOST_DEVICES_JSON)
+
+shell_format=""
+for name in "${names[@]}"; do shell_format+="\${$name} "; done
+mkdir -p "$out"
+count=0
+while IFS= read -r -d '' template; do
+  rel="${template#"$here"/}"
+  mkdir -p "$out/$(dirname "$rel")"
+  envsubst "$shell_format" <"$template" >"$out/$rel"
+  count=$((count + 1))
+done < <(find "$here/rbac" "$here/host" "$here/cluster" "$here/jupyterhub" "$here/guardrails" \
+           -name '*.yaml' -type f -print0 | sort -z)
+echo "rendered $count files from $settings into $out"

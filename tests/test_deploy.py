@@ -1,0 +1,223 @@
+"""deploy/: every manifest renders from deploy/settings.env, parses and validates: Kubernetes'
+own kinds against Kubernetes 1.32's schemas (kubernetes-validate, strict), KubeVirt's and CDI's
+against their upstream schemas (../shared/schemas), the few others by the rules of their upstream
+CRDs stated here; and the pieces agree with each other and with the hub's config."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import subprocess
+
+import kubernetes_validate
+import promql_parser
+import pytest
+import yaml
+from traitlets.config import Config
+
+from kubevirt_spawner.service import SERVICE_NAME
+from kubevirt_spawner.sim.schema import SchemaRegistry
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+DEPLOY = REPO / "deploy"
+RENDER = DEPLOY / "render.sh"
+# Helm values for Zero-to-JupyterHub and a merge patch: not Kubernetes objects.
+NOT_OBJECTS = ("jupyterhub/values.yaml", "jupyterhub/oidc-example.yaml", "cluster/storageprofile-patch.yaml")
+UPSTREAM_SCHEMA_KINDS = ("KubeVirt", "CDI", "DataVolume")
+
+
+def render(out: pathlib.Path, settings: pathlib.Path | None = None) -> subprocess.CompletedProcess:
+    args = ["bash", str(RENDER), "--out", str(out)] + (["--settings", str(settings)] if settings else [])
+    return subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> pathlib.Path:
+    out = tmp_path_factory.mktemp("rendered")
+    done = render(out)
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def manifests(root: pathlib.Path) -> list[tuple[str, dict]]:
+    found = []
+    for path in sorted(root.rglob("*.yaml")):
+        rel = str(path.relative_to(root))
+        if rel in NOT_OBJECTS:
+            continue
+        for doc in yaml.safe_load_all(path.read_text()):
+            assert isinstance(doc, dict) and doc, f"{rel} holds an empty or non-object document"
+            found.append((rel, doc))
+    return found
+
+
+def test_every_setting_is_filled_in_and_every_file_parses(rendered):
+    templates = sorted(str(p.relative_to(DEPLOY)) for d in ("rbac", "host", "cluster", "jupyterhub", "guardrails")
+                       for p in (DEPLOY / d).rglob("*.yaml"))
+    assert sorted(str(p.relative_to(rendered)) for p in rendered.rglob("*.yaml")) == templates
+    for path in rendered.rglob("*.yaml"):
+        text = path.read_text()
+        assert "${" not in text, f"{path.name} keeps a placeholder"
+        list(yaml.safe_load_all(text))
+    # the golden image recipe's YAML (cloud-init) parses too
+    yaml.safe_load((DEPLOY / "golden-image" / "cloud.cfg").read_text())
+
+
+def test_core_kinds_validate_against_kubernetes_1_32(rendered):
+    checked = set()
+    for rel, doc in manifests(rendered):
+        try:
+            kubernetes_validate.validate(doc, "1.32", strict=True)
+        except kubernetes_validate.SchemaNotFoundError:
+            continue  # a CRD's kind: the tests below
+        except kubernetes_validate.ValidationError as err:
+            pytest.fail(f"{rel}: {doc['kind']} {doc['metadata'].get('name')}: {'.'.join(map(str, err.path))}: "
+                        f"{err.message}")
+        checked.add(doc["kind"])
+    assert {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Namespace", "DaemonSet", "StorageClass",
+            "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "Ingress"} <= checked
+
+
+def test_kubevirt_and_cdi_objects_validate_against_the_upstream_schemas(rendered, schemas: SchemaRegistry):
+    seen = set()
+    for rel, doc in manifests(rendered):
+        if doc["kind"] in UPSTREAM_SCHEMA_KINDS:
+            schema = schemas.for_kind(doc["kind"])
+            assert schema.errors(doc) == [] and schema.unknown_fields(doc) == [], rel
+            seen.add(doc["kind"])
+    assert seen == set(UPSTREAM_SCHEMA_KINDS)
+    # the StorageProfile patch, applied to the profile CDI makes for the class
+    patch = yaml.safe_load((rendered / "cluster" / "storageprofile-patch.yaml").read_text())
+    profile = {"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "StorageProfile",
+               "metadata": {"name": "ceph-rbd"}, **patch}
+    schema = schemas.for_kind("StorageProfile")
+    assert schema.errors(profile) == [] and schema.unknown_fields(profile) == []
+    # (the schema leaves cloneStrategy a string; CDI's types.go names its values)
+    assert profile["spec"]["cloneStrategy"] in ("copy", "snapshot", "csi-clone")
+    # a wrong value is caught (the check can fail)
+    broken = {**profile, "spec": {**profile["spec"], "claimPropertySets": [{"accessModes": ["ReadWriteOnce"],
+                                                                            "volumeMode": "Blocky"}]}}
+    assert schema.errors(broken)
+
+
+def test_the_other_crds_follow_their_upstream_rules(rendered):
+    """VolumeSnapshotClass (kubernetes-csi/external-snapshotter client/config/crd/
+    snapshot.storage.k8s.io_volumesnapshotclasses.yaml), HTTPRoute (gateway-api v1),
+    PrometheusRule (prometheus-operator monitoring.coreos.com/v1)."""
+    kinds = {}
+    for _rel, doc in manifests(rendered):
+        kinds.setdefault(doc["kind"], []).append(doc)
+    for vsc in kinds.pop("VolumeSnapshotClass"):
+        assert set(vsc) <= {"apiVersion", "kind", "metadata", "driver", "parameters", "deletionPolicy"}
+        assert vsc["driver"] == "rbd.csi.ceph.com" and vsc["deletionPolicy"] in ("Delete", "Retain")
+    for route in kinds.pop("HTTPRoute"):
+        assert set(route["spec"]) <= {"parentRefs", "hostnames", "rules"}
+        for rule in route["spec"]["rules"]:
+            assert all(m["path"]["type"] in ("Exact", "PathPrefix", "RegularExpression") for m in rule["matches"])
+            assert all(set(b) <= {"name", "namespace", "port", "kind", "group", "weight"} for b in rule["backendRefs"])
+    alerts: set[str] = set()
+    for rules in kinds.pop("PrometheusRule"):
+        for group in rules["spec"]["groups"]:
+            assert set(group) <= {"name", "interval", "rules"}
+            for rule in group["rules"]:
+                assert ("alert" in rule) != ("record" in rule) and rule["expr"].strip()
+                promql_parser.parse(rule["expr"])  # a ValueError names what does not parse
+                assert set(rule) <= {"alert", "record", "expr", "for", "labels", "annotations"}
+                assert "for" not in rule or re.fullmatch(r"(\d+[smhdwy])+", rule["for"])
+                if "alert" in rule:
+                    assert rule["labels"]["severity"] in ("info", "warning", "critical")
+                    alerts.add(rule["alert"])
+                    assert rule["annotations"]["summary"] and rule["annotations"]["description"]
+    # the design document's disk steps, stuck starts, clones, snapshots and the Ceph pool
+    assert {"WorkstationDiskFilling", "WorkstationDiskAlmostFull", "WorkstationDiskFull", "WorkstationStuckStarting",
+            "WorkstationDiskCloneNotFinishing", "WorkstationSnapshotsFailing", "CephWorkstationPoolNearFull"} <= alerts
+    with pytest.raises(ValueError):
+        promql_parser.parse("max by (namespace (x")  # (the parser does refuse)
+    # and every other kind is one of Kubernetes' own, which kubernetes-validate knows
+    for kind, docs in kinds.items():
+        if kind not in UPSTREAM_SCHEMA_KINDS:
+            assert kubernetes_validate.validate(docs[0], "1.32", strict=True) == "1.32", kind
+
+
+def test_render_refuses_bad_settings_and_writes_nothing(tmp_path):
+    settings = (DEPLOY / "settings.env").read_text()
+    cases = {
+        "missing": (re.sub(r"(?m)^CEPH_POOL=.*$", "CEPH_POOL=", settings), "does not set CEPH_POOL"),
+        "gpu": (settings.replace('GPU_DEVICES="10DE:20B0=nvidia.com/A100-PCIE-40GB"', 'GPU_DEVICES="A100"'),
+                "GPU_DEVICES entry 'A100' is not VENDOR:DEVICE=RESOURCE_NAME"),
+        "namespace": (settings.replace("HUB_NAMESPACE=jupyterhub", "HUB_NAMESPACE=Jupyter_Hub"),
+                      "HUB_NAMESPACE=Jupyter_Hub is not a DNS label"),
+    }
+    for name, (text, message) in cases.items():
+        file = tmp_path / f"{name}.env"
+        file.write_text(text)
+        done = render(tmp_path / f"out-{name}", file)
+        assert done.returncode == 2 and message in done.stderr, (name, done.stderr)
+        assert not (tmp_path / f"out-{name}").exists()
+    # a caller's environment does not fill a setting the file lacks
+    file = tmp_path / "partial.env"
+    file.write_text(re.sub(r"(?m)^STORAGE_CLASS=.*$", "", settings))
+    done = subprocess.run(["bash", str(RENDER), "--settings", str(file), "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "STORAGE_CLASS": "x"},
+                          check=False)
+    assert done.returncode == 2 and "does not set STORAGE_CLASS" in done.stderr
+
+
+def test_settings_reach_the_manifests(tmp_path):
+    settings = (DEPLOY / "settings.env").read_text()
+    file = tmp_path / "site.env"
+    file.write_text(settings.replace('GPU_DEVICES="10DE:20B0=nvidia.com/A100-PCIE-40GB"',
+                                     'GPU_DEVICES="10DE:20B0=nvidia.com/A100-PCIE-40GB 10DE:2236=nvidia.com/A10"')
+                    .replace("HUB_NAMESPACE=jupyterhub", "HUB_NAMESPACE=research-hub"))
+    assert render(tmp_path / "out", file).returncode == 0
+    kv = yaml.safe_load((tmp_path / "out" / "cluster" / "kubevirt-cr.yaml").read_text())
+    assert kv["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"] == [
+        {"pciVendorSelector": "10DE:20B0", "resourceName": "nvidia.com/A100-PCIE-40GB"},
+        {"pciVendorSelector": "10DE:2236", "resourceName": "nvidia.com/A10"}]
+    assert kv["spec"]["configuration"]["developerConfiguration"]["featureGates"] == ["HostDevices", "Snapshot"]
+    binding = list(yaml.safe_load_all((tmp_path / "out" / "rbac" / "hub-clusterrole.yaml").read_text()))[1]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "hub", "namespace": "research-hub"}]
+
+
+def load_hub_config(monkeypatch) -> Config:
+    """The production config as the hub image loads it (hub-config/jupyterhub_config.py)."""
+    from traitlets.config.loader import PyFileConfigLoader
+    monkeypatch.setenv("POD_NAMESPACE", "jupyterhub")
+    return PyFileConfigLoader("jupyterhub_config.py", path=str(REPO / "hub-config")).load_config()
+
+
+def test_the_hub_image_and_the_values_agree_with_the_hub_config(rendered, monkeypatch):
+    values = yaml.safe_load((rendered / "jupyterhub" / "values.yaml").read_text())
+    dockerfile = (DEPLOY / "jupyterhub" / "hub-image" / "Dockerfile").read_text()
+    # the chart loads the config file where the image puts it
+    copied = re.search(r"^COPY hub-config/jupyterhub_config.py (\S+)$", dockerfile, re.M).group(1)
+    assert values["hub"]["extraConfig"]["00-kubevirt-spawner"].strip() == f'load_subconfig("{copied}")'
+    for source in re.findall(r"^COPY (\S+) ", dockerfile, re.M):
+        assert (REPO / source).exists() or source.endswith("wheels/"), source
+    # JupyterHub 6, this package's version, a culler this package supports
+    pins = dict(line.split("==") for line in (DEPLOY / "jupyterhub" / "hub-image" / "requirements.txt")
+                .read_text().splitlines() if "==" in line)
+    import jupyterhub_idle_culler
+
+    import kubevirt_spawner
+    assert pins["jupyterhub"].startswith("6.") and pins["kubevirt-spawner"] == kubevirt_spawner.__version__
+    assert pins["jupyterhub-idle-culler"].split(".")[0] == jupyterhub_idle_culler.__version__.split(".")[0]
+    # the service's port is on the hub's Service and open in its NetworkPolicy to the label the
+    # workstations carry; the chart's own culler is off (the config runs the one that warns)
+    c = load_hub_config(monkeypatch)
+    service = next(s for s in c.JupyterHub.services if s["name"] == SERVICE_NAME)
+    port = int(service["url"].rsplit(":", 1)[1])
+    assert [p["port"] for p in values["hub"]["service"]["extraPorts"]] == [port]
+    label = dict(c.KubeVirtSpawner.extra_labels)
+    assert label == {"hub.jupyter.org/network-access-hub": "true"}
+    policy = values["hub"]["networkPolicy"]
+    assert policy["interNamespaceAccessLabels"] == "accept"
+    assert policy["ingress"] == [{"ports": [{"port": port, "protocol": "TCP"}],
+                                  "from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": label}}]}]
+    assert values["cull"]["enabled"] is False
+    # a user's namespace admits the chart's hub and proxy pods of the hub's namespace only
+    (peer,) = c.KubeVirtSpawner.network_policy_ingress_from
+    assert peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "jupyterhub"}}
+    assert peer["podSelector"]["matchExpressions"] == [{"key": "component", "operator": "In",
+                                                        "values": ["hub", "proxy"]}]
+    assert any(s["name"] == "idle-culler" or "idle" in s["name"] for s in c.JupyterHub.services)

@@ -1,0 +1,210 @@
+"""The hub's ValidatingAdmissionPolicy (deploy/guardrails/hub-admission-policy.yaml), evaluated
+with Google's CEL runtime the way kube-apiserver evaluates it
+(staging/src/k8s.io/apiserver/pkg/admission/plugin/policy/validating/validator.go): the request
+must match a resource rule and every matchCondition; then every validation must be true, and an
+expression that errors counts as a refusal under failurePolicy Fail. The simulator does not run
+CEL, so this is where the policy is proven: every object the spawner builds passes it, and each
+thing it exists to stop is refused."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import pathlib
+import subprocess
+
+import pytest
+import yaml
+from cel_expr_python import cel
+from cel_expr_python.ext import ext_optional, ext_strings
+
+from kubevirt_spawner import manifests as m
+from kubevirt_spawner import names
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+HUB = "system:serviceaccount:jupyterhub:hub"
+IDENT = names.identity("Alice.Smith", "gpu")  # names as the spawner makes them, for a named server
+SPEC = m.MachineSpec(workspace_disk_size="10Gi", extra_labels={"hub.jupyter.org/network-access-hub": "true"})
+MANAGED_NS = m.namespace(IDENT)
+FOREIGN_NS = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "payroll", "labels": {
+    "kubernetes.io/metadata.name": "payroll"}}}
+RESOURCES = {"Namespace": ("", "v1", "namespaces"), "Secret": ("", "v1", "secrets"),
+             "Service": ("", "v1", "services"), "PersistentVolumeClaim": ("", "v1", "persistentvolumeclaims"),
+             "VirtualMachine": ("kubevirt.io", "v1", "virtualmachines"),
+             "DataVolume": ("cdi.kubevirt.io", "v1beta1", "datavolumes"),
+             "VirtualMachineSnapshot": ("snapshot.kubevirt.io", "v1beta1", "virtualmachinesnapshots"),
+             "VirtualMachineRestore": ("snapshot.kubevirt.io", "v1beta1", "virtualmachinerestores"),
+             "Pod": ("", "v1", "pods"), "ResourceQuota": ("", "v1", "resourcequotas"),
+             "LimitRange": ("", "v1", "limitranges"),
+             "NetworkPolicy": ("networking.k8s.io", "v1", "networkpolicies")}
+
+
+@dataclasses.dataclass
+class Verdict:
+    allowed: bool
+    matched: bool
+    message: str = ""
+
+
+class Policy:
+    """One ValidatingAdmissionPolicy, compiled once."""
+
+    def __init__(self, doc: dict):
+        self.spec = doc["spec"]
+        self.env = cel.NewEnv(
+            variables={n: cel.Type.DYN for n in ("object", "oldObject", "namespaceObject", "request", "params",
+                                                 "variables")},
+            extensions=[ext_optional.ExtOptional(), ext_strings.ExtStrings()])
+        compile_ = self.env.compile  # a syntax or type error fails here, as the API server's type check would
+        self.conditions = [(c["name"], compile_(c["expression"])) for c in self.spec.get("matchConditions", [])]
+        self.variables = [(v["name"], compile_(v["expression"])) for v in self.spec.get("variables", [])]
+        self.validations = [(compile_(v["expression"]), v.get("message"),
+                             compile_(v["messageExpression"]) if "messageExpression" in v else None)
+                            for v in self.spec["validations"]]
+
+    def matches(self, request: dict) -> bool:
+        res = request["resource"]
+        return any(res["group"] in rule["apiGroups"] and res["version"] in rule["apiVersions"]
+                   and res["resource"] in rule["resources"] and request["operation"] in rule["operations"]
+                   and not request["subResource"]
+                   for rule in self.spec["matchConstraints"]["resourceRules"])
+
+    def admit(self, request: dict, obj, old, namespace) -> Verdict:
+        if not self.matches(request):
+            return Verdict(True, False)
+        data = {"object": obj, "oldObject": old, "namespaceObject": namespace, "request": request,
+                "params": None, "variables": {}}
+        for name, condition in self.conditions:
+            value = condition.eval(data=data)
+            if value.type() == cel.Type.ERROR:
+                return Verdict(False, True, f"matchCondition {name}: {value.value()}")
+            if value.value() is not True:
+                return Verdict(True, False)
+        for name, expr in self.variables:
+            data["variables"] = {**data["variables"], name: expr.eval(data=data).plain_value()}
+        for expr, message, message_expr in self.validations:
+            value = expr.eval(data=data)
+            if value.type() == cel.Type.ERROR:
+                return Verdict(False, True, f"error: {value.value()}")
+            if value.value() is not True:
+                text = message_expr.eval(data=data).value() if message_expr else message
+                return Verdict(False, True, text)
+        return Verdict(True, True)
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory) -> Policy:
+    out = tmp_path_factory.mktemp("rendered")
+    subprocess.run(["bash", str(REPO / "deploy" / "render.sh"), "--out", str(out)], check=True, capture_output=True)
+    docs = list(yaml.safe_load_all((out / "guardrails" / "hub-admission-policy.yaml").read_text()))
+    assert docs[1]["spec"] == {"policyName": docs[0]["metadata"]["name"], "validationActions": ["Deny"]}
+    assert docs[0]["spec"]["failurePolicy"] == "Fail"
+    return Policy(docs[0])
+
+
+def request(operation: str, obj: dict, user: str = HUB) -> dict:
+    group, version, resource = RESOURCES[obj["kind"]]
+    return {"operation": operation, "userInfo": {"username": user, "groups": ["system:serviceaccounts"]},
+            "namespace": obj["metadata"].get("namespace", ""), "name": obj["metadata"]["name"],
+            "resource": {"group": group, "version": version, "resource": resource}, "subResource": "",
+            "kind": {"group": group, "version": version, "kind": obj["kind"]}, "dryRun": False}
+
+
+def create(policy, obj, namespace=MANAGED_NS, user=HUB) -> Verdict:
+    return policy.admit(request("CREATE", obj, user), obj, None, None if obj["kind"] == "Namespace" else namespace)
+
+
+def update(policy, old, new, namespace=MANAGED_NS) -> Verdict:
+    return policy.admit(request("UPDATE", new), new, old, namespace)
+
+
+def delete(policy, old, namespace=MANAGED_NS) -> Verdict:
+    return policy.admit(request("DELETE", old), None, old, namespace)
+
+
+def spawner_objects() -> list[dict]:
+    return [m.env_secret(IDENT, {"JUPYTERHUB_API_TOKEN": "t"}, []), m.service(IDENT, SPEC),
+            m.root_datavolume(IDENT, SPEC), m.workspace_datavolume(IDENT, SPEC), m.virtual_machine(IDENT, SPEC),
+            m.virtual_machine_snapshot(IDENT, "before-cuda"),
+            m.virtual_machine_restore(IDENT, m.snapshot_object_name(IDENT, "before-cuda"), "restore-1"),
+            m.network_policy(IDENT, SPEC.ports, [{"namespaceSelector": {}}]),
+            m.resource_quota(IDENT, {"requests.storage": "1Ti"}),
+            m.limit_range(IDENT, [{"type": "PersistentVolumeClaim", "max": {"storage": "500Gi"}}])]
+
+
+def test_everything_the_spawner_does_passes(policy):
+    assert create(policy, MANAGED_NS) == Verdict(True, True)
+    for obj in spawner_objects():
+        assert create(policy, obj) == Verdict(True, True), obj["kind"]
+        assert delete(policy, obj) == Verdict(True, True), obj["kind"]
+    # the disk CDI made from the DataVolume carries its labels (CDI's datavolume controller-base.go
+    # newPersistentVolumeClaim), and the hub marks it retained, then deletes it
+    pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+           "metadata": copy.deepcopy(m.root_datavolume(IDENT, SPEC)["metadata"]), "spec": {}}
+    retained = copy.deepcopy(pvc)
+    retained["metadata"]["labels"].update(m.retained_patch("2027-01-01T00:00:00Z")["metadata"]["labels"])
+    assert update(policy, pvc, retained) == Verdict(True, True)
+    assert delete(policy, retained) == Verdict(True, True)
+
+
+def test_others_are_not_matched(policy):
+    """The policy fences the hub only: CDI making an unlabelled PVC, a user's own objects elsewhere."""
+    pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+           "metadata": {"name": "scratch", "namespace": "payroll"}, "spec": {}}
+    assert create(policy, pvc, FOREIGN_NS, user="system:serviceaccount:cdi:cdi-sa") == Verdict(True, False)
+    assert create(policy, pvc, FOREIGN_NS, user="bob@example.com") == Verdict(True, False)
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "payroll"}}
+    assert create(policy, pod, FOREIGN_NS) == Verdict(True, False)  # a kind the hub cannot write anyway
+
+
+def test_the_hub_cannot_act_in_someone_elses_namespace(policy):
+    for obj in spawner_objects():
+        foreign = copy.deepcopy(obj)
+        foreign["metadata"]["namespace"] = "payroll"
+        verdict = create(policy, foreign, FOREIGN_NS)
+        assert not verdict.allowed and "only act in namespaces labelled" in verdict.message, obj["kind"]
+    unlabelled = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "notebook-eve"}}
+    verdict = create(policy, unlabelled)
+    assert not verdict.allowed and "namespaces labelled app.kubernetes.io/managed-by" in verdict.message
+
+
+def test_the_hub_cannot_touch_objects_that_are_not_its_own(policy):
+    foreign_secret = {"apiVersion": "v1", "kind": "Secret",
+                      "metadata": {"name": "db-credentials", "namespace": IDENT.namespace}}
+    for verdict in (delete(policy, foreign_secret), create(policy, foreign_secret)):
+        assert not verdict.allowed and "db-credentials is not" in verdict.message
+    # nor make one its own by labelling it
+    stolen = copy.deepcopy(foreign_secret)
+    stolen["metadata"]["labels"] = {"app.kubernetes.io/managed-by": "kubevirt-spawner"}
+    assert not update(policy, foreign_secret, stolen).allowed
+
+
+@pytest.mark.parametrize("volume", [
+    {"name": "db", "secret": {"secretName": "db-credentials"}},
+    {"name": "sa", "serviceAccount": {"serviceAccountName": "default"}},
+    {"name": "cm", "configMap": {"name": "kube-root-ca.crt"}},
+    {"name": "host", "hostDisk": {"path": "/etc/kubernetes/admin.conf", "type": "Disk"}},
+    {"name": "ci", "cloudInitNoCloud": {"secretRef": {"name": "db-credentials"}}},
+    {"name": "bob", "secret": {"secretName": "bob-hub-env"}},  # another workstation's token
+])
+def test_a_vm_of_the_hub_mounts_no_foreign_secret_or_host_file(policy, volume):
+    vm = m.virtual_machine(IDENT, SPEC)
+    vm["spec"]["template"]["spec"]["volumes"].append(volume)
+    verdict = create(policy, vm)
+    assert not verdict.allowed and \
+        f"may mount disks, inline cloud-init and its own environment Secret {IDENT.secret} only" in verdict.message
+    assert not update(policy, m.virtual_machine(IDENT, SPEC), vm).allowed
+
+
+def test_the_hub_clones_only_the_golden_images(policy):
+    dv = m.root_datavolume(IDENT, SPEC)
+    dv["spec"]["source"] = {"pvc": {"namespace": "notebook-bob", "name": "bob-rootdisk"}}
+    verdict = create(policy, dv)
+    assert not verdict.allowed and "only from the golden images' namespace vm-images" in verdict.message
+
+
+def test_a_request_the_policy_cannot_read_is_refused(policy):
+    """failurePolicy Fail: an expression that errors (a namespace object missing) refuses."""
+    secret = m.env_secret(IDENT, {}, [])
+    verdict = policy.admit(request("CREATE", secret), secret, None, None)
+    assert not verdict.allowed
