@@ -137,10 +137,14 @@ def test_everything_the_spawner_does_passes(policy):
     for obj in spawner_objects():
         assert create(policy, obj) == Verdict(True, True), obj["kind"]
         assert delete(policy, obj) == Verdict(True, True), obj["kind"]
-    # the disk CDI made from the DataVolume carries its labels (CDI's datavolume controller-base.go
-    # newPersistentVolumeClaim), and the hub marks it retained, then deletes it
-    pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-           "metadata": copy.deepcopy(m.root_datavolume(IDENT, SPEC)["metadata"]), "spec": {}}
+    # the disk CDI made from the DataVolume carries its labels, but CDI's own managed-by (CDI's
+    # pkg/controller/datavolume/controller-base.go newPersistentVolumeClaim, then
+    # pkg/util/util.go SetRecommendedLabels, whose static labels win); the hub marks it retained,
+    # then deletes it
+    meta = copy.deepcopy(m.root_datavolume(IDENT, SPEC)["metadata"])
+    meta["labels"].update({"app": "containerized-data-importer", "app.kubernetes.io/component": "storage",
+                           "app.kubernetes.io/managed-by": "cdi-controller"})
+    pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta, "spec": {}}
     retained = copy.deepcopy(pvc)
     retained["metadata"]["labels"].update(m.retained_patch("2027-01-01T00:00:00Z")["metadata"]["labels"])
     assert update(policy, pvc, retained) == Verdict(True, True)
@@ -165,7 +169,7 @@ def test_the_hub_cannot_act_in_someone_elses_namespace(policy):
         assert not verdict.allowed and "only act in namespaces labelled" in verdict.message, obj["kind"]
     unlabelled = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "notebook-eve"}}
     verdict = create(policy, unlabelled)
-    assert not verdict.allowed and "namespaces labelled app.kubernetes.io/managed-by" in verdict.message
+    assert not verdict.allowed and "may only create namespaces of kubevirt-spawner" in verdict.message
 
 
 def test_the_hub_cannot_touch_objects_that_are_not_its_own(policy):
@@ -173,6 +177,10 @@ def test_the_hub_cannot_touch_objects_that_are_not_its_own(policy):
                       "metadata": {"name": "db-credentials", "namespace": IDENT.namespace}}
     for verdict in (delete(policy, foreign_secret), create(policy, foreign_secret)):
         assert not verdict.allowed and "db-credentials is not" in verdict.message
+    # a disk CDI made for someone else (its managed-by label, no workstation label)
+    other = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {
+        "name": "data", "namespace": IDENT.namespace, "labels": {"app.kubernetes.io/managed-by": "cdi-controller"}}}
+    assert not delete(policy, other).allowed
     # nor make one its own by labelling it
     stolen = copy.deepcopy(foreign_secret)
     stolen["metadata"]["labels"] = {"app.kubernetes.io/managed-by": "kubevirt-spawner"}
