@@ -21,6 +21,7 @@ from .faults import Faults
 from .launcher import POD
 from .machines import GoldenImage
 from .network import SERVICE, Network
+from .operators import Operators
 from .rbac import ensure_bootstrap_policy
 from .resources import BY_KIND
 from .runtime import EventRecorder, WorkQueue
@@ -113,6 +114,7 @@ class Cluster:
         self.storage = Storage(self)
         self.snapshots = Snapshots(self)
         self.network = Network(self)
+        self.operators = Operators(self)
         self.started = False
         self._ips: dict[str, dict[str, str]] = {"vmi": {}, "svc": {}}
         self._tasks: list[asyncio.Task] = []
@@ -162,6 +164,10 @@ class Cluster:
         ensure_bootstrap_policy(self.store)
         for sc in self.store.list(BY_KIND["StorageClass"]):
             self.storage.storage_profile(sc["metadata"]["name"])
+        for kv in self.store.list(BY_KIND["KubeVirt"]):
+            self.operators.reconcile_kubevirt(kv["metadata"]["namespace"], kv["metadata"]["name"])
+        for cdi in self.store.list(BY_KIND["CDI"]):
+            self.operators.reconcile_cdi(cdi["metadata"]["name"])
         for vmi in self.store.list(VMI):
             ip = (field_value(vmi, "status.interfaces") or [{}])[0].get("ipAddress")
             if ip and field_value(vmi, "status.phase") not in ("Succeeded", "Failed"):
@@ -243,9 +249,17 @@ class Cluster:
                     self.dv_queue.add(_key(dv))
         elif rt is SERVICE:
             self.service_queue.add(key)
-        elif rt.kind in ("StorageClass", "StorageProfile") and kind != "DELETED":
-            # CDI's storage profile controller follows its StorageClass and its own spec.
-            asyncio.get_running_loop().call_soon(self.storage.storage_profile, obj["metadata"]["name"])
+        elif rt.kind in ("StorageClass", "StorageProfile"):
+            loop = asyncio.get_running_loop()
+            if kind != "DELETED":
+                # CDI's storage profile controller follows its StorageClass and its own spec.
+                loop.call_soon(self.storage.storage_profile, obj["metadata"]["name"])
+            if rt.kind == "StorageClass":  # CDI's config lists every class's filesystem overhead
+                loop.call_soon(self.operators.reconcile_cdi_config)
+        elif rt.kind == "KubeVirt":
+            asyncio.get_running_loop().call_soon(self.operators.reconcile_kubevirt, ns, obj["metadata"]["name"])
+        elif rt.kind == "CDI":
+            asyncio.get_running_loop().call_soon(self.operators.reconcile_cdi, obj["metadata"]["name"])
         elif rt is NODE:
             self.node_queue.add(key)
             for vmi in self.store.list(VMI):
@@ -269,6 +283,9 @@ class Cluster:
         if rt is NAMESPACE:
             obj.setdefault("spec", {"finalizers": ["kubernetes"]})
             obj["status"] = {"phase": "Active"}
+            # the API server labels every namespace with its name (pkg/registry/core/namespace/strategy.go)
+            labels = obj["metadata"].setdefault("labels", {})
+            labels["kubernetes.io/metadata.name"] = obj["metadata"]["name"]
         elif rt is SERVICE:
             spec = obj.setdefault("spec", {})
             spec.setdefault("type", "ClusterIP")

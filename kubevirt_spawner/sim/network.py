@@ -1,11 +1,16 @@
-"""Services: Endpoints from the VMIs behind each selector, and a kube-proxy that forwards
-`clusterIP:port` on loopback to the current VMI's address."""
+"""Services: Endpoints and an EndpointSlice from the VMIs behind each selector (their launcher
+pods, which carry the VMI's labels), and a kube-proxy that forwards `clusterIP:port` on loopback to
+the current VMI's address. The EndpointSlice is shaped as kube-controller-manager's endpointslice
+controller makes it (staging/src/k8s.io/endpointslice/utils.go, reconciler.go): named after the
+Service with a random suffix, labelled with the Service's name and the controller, owned by the
+Service, one endpoint per address with its conditions, node and launcher pod."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
 import logging
+import random
 
 from ..objects import field_value
 from .compute import VMI
@@ -16,6 +21,11 @@ log = logging.getLogger(__name__)
 
 SERVICE = BY_KIND["Service"]
 ENDPOINTS = BY_KIND["Endpoints"]
+ENDPOINT_SLICE = BY_KIND["EndpointSlice"]
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+SLICE_MANAGED_BY = "endpointslice.kubernetes.io/managed-by"
+SLICE_CONTROLLER = "endpointslice-controller.k8s.io"
+_NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # apiserver's SimpleNameGenerator alphabet
 
 
 class Network:
@@ -25,6 +35,9 @@ class Network:
         self.listeners: dict[tuple[str, str], dict[int, asyncio.AbstractServer]] = {}
 
     def backends(self, svc: dict) -> list[str]:
+        return sorted(ip for ip, _ in self._backend_vmis(svc))
+
+    def _backend_vmis(self, svc: dict) -> list[tuple[str, dict]]:
         selector = field_value(svc, "spec.selector")
         if not selector:
             return []
@@ -36,8 +49,47 @@ class Network:
             if match(vmi["metadata"].get("labels") or {}):
                 ip = (field_value(vmi, "status.interfaces") or [{}])[0].get("ipAddress")
                 if ip:
-                    out.append(ip)
-        return sorted(out)
+                    out.append((ip, vmi))
+        return sorted(out, key=lambda pair: pair[0])
+
+    def _slices(self, ns: str, name: str) -> list[dict]:
+        return [s for s in self.store.list(ENDPOINT_SLICE, ns)
+                if (s["metadata"].get("labels") or {}).get(SERVICE_NAME_LABEL) == name
+                and (s["metadata"].get("labels") or {}).get(SLICE_MANAGED_BY) == SLICE_CONTROLLER]
+
+    def _reconcile_slice(self, svc: dict, ports: list[dict]):
+        ns, name = svc["metadata"]["namespace"], svc["metadata"]["name"]
+        endpoints = []
+        for ip, vmi in self._backend_vmis(svc):
+            endpoint = {"addresses": [ip], "conditions": {"ready": True, "serving": True, "terminating": False}}
+            if field_value(vmi, "status.nodeName"):
+                endpoint["nodeName"] = field_value(vmi, "status.nodeName")
+            pod = self.c.compute.launchers.of(vmi)
+            if pod is not None:
+                endpoint["targetRef"] = {"kind": "Pod", "namespace": ns, "name": pod["metadata"]["name"],
+                                         "uid": pod["metadata"]["uid"]}
+            endpoints.append(endpoint)
+        labels = {k: v for k, v in (svc["metadata"].get("labels") or {}).items()
+                  if k not in (SERVICE_NAME_LABEL, SLICE_MANAGED_BY)}
+        labels.update({SERVICE_NAME_LABEL: name, SLICE_MANAGED_BY: SLICE_CONTROLLER})
+        # (empty lists come back as null from the API server's storage)
+        wanted = {"addressType": "IPv4", "endpoints": endpoints or None, "ports": ports or None}
+        existing = self._slices(ns, name)
+        for extra in existing[1:]:
+            self.store.delete(ENDPOINT_SLICE, ns, extra["metadata"]["name"])
+        if not existing:
+            self.store.create(ENDPOINT_SLICE, {
+                "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {"name": f"{name}-" + "".join(random.choices(_NAME_CHARS, k=5)),
+                             "generateName": f"{name}-", "namespace": ns, "labels": labels,
+                             "ownerReferences": [self.c.owner_ref(svc)]}, **wanted})
+            return
+        current = existing[0]
+        if any(current.get(k) != v for k, v in wanted.items()) or current["metadata"].get("labels") != labels:
+            new = copy.deepcopy(current)
+            new.update(wanted)
+            new["metadata"]["labels"] = labels
+            self.store.update(ENDPOINT_SLICE, new, check_rv=False)
 
     async def reconcile_service(self, key):
         ns, name = key
@@ -47,6 +99,8 @@ class Network:
             ep = self.store.get(ENDPOINTS, ns, name)
             if ep is not None:
                 self.store.delete(ENDPOINTS, ns, name)
+            for endpoint_slice in self._slices(ns, name):
+                self.store.delete(ENDPOINT_SLICE, ns, endpoint_slice["metadata"]["name"])
             return
         addresses = self.backends(svc)
         ports = [{"name": p.get("name", ""), "port": _target(p), "protocol": p.get("protocol", "TCP")}
@@ -62,6 +116,8 @@ class Network:
             new = copy.deepcopy(ep)
             new["subsets"] = subsets
             self.store.update(ENDPOINTS, new, check_rv=False)
+        if field_value(svc, "spec.selector"):  # (the controller skips Services without a selector)
+            self._reconcile_slice(svc, ports)
         await self._listen(svc)
 
     async def _listen(self, svc: dict):

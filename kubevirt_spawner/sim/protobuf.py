@@ -1,7 +1,7 @@
 """Protobuf request bodies, for the few kinds whose `kubectl create` generators send them.
 
 kubectl sends `application/vnd.kubernetes.protobuf` for `kubectl create namespace`, `create
-serviceaccount` and `create token`. The envelope is the magic `k8s\\0` followed by a
+serviceaccount`, `create configmap` and `create token`. The envelope is the magic `k8s\\0` followed by a
 runtime.Unknown (staging/src/k8s.io/apimachinery/pkg/runtime/types.go: typeMeta = 1, raw = 2),
 whose `raw` is the object in the field numbers of its generated.proto. Only the fields those
 generators fill are decoded; anything else is refused as an unsupported media type.
@@ -25,6 +25,8 @@ _BOUND_OBJECT_REF = {1: ("kind", "string"), 2: ("apiVersion", "string"), 3: ("na
 SCHEMAS = {
     "Namespace": {1: ("metadata", _OBJECT_META)},
     "ServiceAccount": {1: ("metadata", _OBJECT_META), 4: ("automountServiceAccountToken", "bool")},
+    # (binaryData, field 3, holds files that are not UTF-8: refused below, not decoded)
+    "ConfigMap": {1: ("metadata", _OBJECT_META), 2: ("data", ("map",)), 4: ("immutable", "bool")},
     "TokenRequest": {1: ("metadata", _OBJECT_META),
                      2: ("spec", {1: ("audiences", ("repeated", "string")), 3: ("boundObjectRef", _BOUND_OBJECT_REF),
                                   4: ("expirationSeconds", "int64")})},
@@ -33,7 +35,7 @@ SCHEMAS = {
 
 def _unsupported(what: str) -> errors.ApiError:
     return errors.ApiError(415, "UnsupportedMediaType", f"the simulator decodes protobuf bodies of Namespace, "
-                           f"ServiceAccount and TokenRequest only, not {what}; send JSON or YAML")
+                           f"ServiceAccount, ConfigMap and TokenRequest only, not {what}; send JSON or YAML")
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:
@@ -101,5 +103,7 @@ def decode(body: bytes) -> dict:
     kind = type_meta.get("kind", "")
     if kind not in SCHEMAS or envelope.get("contentEncoding"):
         raise _unsupported(kind or "an object without a kind")
+    if kind == "ConfigMap" and any(number == 3 for number, _ in _fields(envelope.get("raw", b""))):
+        raise _unsupported("a ConfigMap with binaryData")
     obj = _decode(envelope.get("raw", b""), SCHEMAS[kind])
     return {"apiVersion": type_meta.get("apiVersion", "v1"), "kind": kind, **obj}

@@ -61,11 +61,37 @@ def _node(name: str, labels: dict, cpu: str, memory: str, extra: dict | None = N
                                     "operatingSystem": "linux", "kernelVersion": "6.8.0-45-generic"}}}
 
 
+# The cluster as deploy/README.md leaves it (deploy/settings.env's defaults): Ceph's cluster and
+# pool, and where ceph-csi keeps its credentials.
+CEPH_CLUSTER_ID = "b9127830-b0cc-4e34-aa47-9d1a2e9949a8"
+CEPH_SECRET = {"name": "csi-rbd-secret", "namespace": "ceph-csi-rbd"}
+GOLDEN_IMAGE_URL = "https://images.example.com/kubevirt-spawner/ubuntu-24-04-cuda-golden.qcow2"
+
+
+def _ceph_secret_parameters(*uses: str) -> dict:
+    out = {}
+    for use in uses:
+        out[f"csi.storage.k8s.io/{use}-secret-name"] = CEPH_SECRET["name"]
+        out[f"csi.storage.k8s.io/{use}-secret-namespace"] = CEPH_SECRET["namespace"]
+    return out
+
+
 def seed_objects() -> list[dict]:
     kubevirt_taint = {"key": "workload.example.com/kubevirt", "value": "true", "effect": "NoSchedule"}
     objects = [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}} for n in
         ("default", "kube-system", GOLDEN_NAMESPACE)
+    ]
+    # What the KubeVirt and CDI operators' release manifests make before their CRs are applied
+    # (KubeVirt's manifests/release/kubevirt-operator.yaml.in, CDI's cdi-operator.yaml.in).
+    objects += [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kubevirt", "labels": {
+            "kubevirt.io": "", "pod-security.kubernetes.io/enforce": "privileged"}}},
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "cdi", "labels": {"cdi.kubevirt.io": ""}}},
+        # ceph-csi's RBD driver (deploy/rbd/kubernetes/csidriver.yaml), with the API server's defaults
+        {"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": {"name": "rbd.csi.ceph.com"},
+         "spec": {"attachRequired": True, "podInfoOnMount": False, "seLinuxMount": True, "fsGroupPolicy": "File",
+                  "requiresRepublish": False, "storageCapacity": False, "volumeLifecycleModes": ["Persistent"]}},
     ]
     objects += [
         _node("vm-cpu-1", {"node-role.kubernetes.io/worker": "", "workload.example.com/pool": "vm-cpu"},
@@ -82,13 +108,15 @@ def seed_objects() -> list[dict]:
               [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]),
         {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
          "metadata": {"name": "ceph-rbd", "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
-         "provisioner": "rbd.csi.ceph.com", "reclaimPolicy": "Delete", "allowVolumeExpansion": True,
+         "provisioner": "rbd.csi.ceph.com", "reclaimPolicy": "Retain", "allowVolumeExpansion": True,
          "volumeBindingMode": "Immediate",
-         "parameters": {"clusterID": "ceph", "pool": "kubevirt-rbd", "imageFeatures": "layering"}},
+         "parameters": {"clusterID": CEPH_CLUSTER_ID, "pool": "kubevirt-rbd", "imageFeatures": "layering",
+                        **_ceph_secret_parameters("provisioner", "controller-expand", "node-stage")}},
         {"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotClass",
          "metadata": {"name": "ceph-rbd-snapclass", "annotations": {
              "snapshot.storage.kubernetes.io/is-default-class": "true"}},
-         "driver": "rbd.csi.ceph.com", "deletionPolicy": "Delete", "parameters": {"clusterID": "ceph"}},
+         "driver": "rbd.csi.ceph.com", "deletionPolicy": "Delete",
+         "parameters": {"clusterID": CEPH_CLUSTER_ID, **_ceph_secret_parameters("snapshotter")}},
     ]
     return objects
 
@@ -126,8 +154,34 @@ def seed_cluster(cluster):
     pvc = dict(pvc)
     pvc["status"] = {"phase": "Bound", "accessModes": ["ReadWriteOnce"], "capacity": {"storage": size}}
     store.update(pvc_rt, pvc, subresource="status", check_rv=False)
+    _seed_golden_import(cluster, pvc, size)
     if cluster.golden is not None:
         os.makedirs(cluster.volume_dir(pvc), exist_ok=True)
         sparse_copy(cluster.golden.disk, os.path.join(cluster.volume_dir(pvc), DISK_IMAGE))
     else:
         golden_tree(cluster.volume_dir(pvc))
+
+
+def _seed_golden_import(cluster, pvc: dict, size: str):
+    """The DataVolume that imported the golden image (deploy/cluster/golden-image.yaml), done, and
+    owning its claim as CDI's import leaves it."""
+    store, dv_rt, pvc_rt = cluster.store, BY_KIND["DataVolume"], BY_KIND["PersistentVolumeClaim"]
+    dv = store.create(dv_rt, {
+        "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+        "metadata": {"name": GOLDEN_PVC, "namespace": GOLDEN_NAMESPACE,
+                     "labels": {"platform.example.com/golden-image": "true"}},
+        "spec": {"source": {"http": {"url": GOLDEN_IMAGE_URL}},
+                 "storage": {"storageClassName": "ceph-rbd", "accessModes": ["ReadWriteOnce"], "volumeMode": "Block",
+                             "resources": {"requests": {"storage": size}}}}})
+    done = copy.deepcopy(dv)
+    stamp = now_iso()
+    done["status"] = {"phase": "Succeeded", "progress": "100.0%", "claimName": GOLDEN_PVC, "conditions": [
+        {"type": "Bound", "status": "True", "reason": "Bound", "message": f"PVC {GOLDEN_PVC} Bound",
+         "lastHeartbeatTime": stamp, "lastTransitionTime": stamp},
+        {"type": "Ready", "status": "True", "lastHeartbeatTime": stamp, "lastTransitionTime": stamp},
+        {"type": "Running", "status": "False", "reason": "Completed", "lastHeartbeatTime": stamp,
+         "lastTransitionTime": stamp}]}
+    store.update(dv_rt, done, subresource="status", check_rv=False)
+    owned = copy.deepcopy(store.get(pvc_rt, GOLDEN_NAMESPACE, GOLDEN_PVC))
+    owned["metadata"]["ownerReferences"] = [cluster.owner_ref(dv)]
+    store.update(pvc_rt, owned, check_rv=False)

@@ -1,0 +1,181 @@
+"""deploy/README.md, rehearsed: every command of its shell blocks that talks to the cluster runs,
+in order, with a real kubectl (1.32) against the simulator, and its checks see what the runbook
+says they will. The simulator serves the kinds the runbook touches as upstream shapes them: the
+KubeVirt CR (pkg/virt-operator/util/client.go conditions), the CDI CR and CDIConfig
+(controller-lifecycle-operator-sdk reconciler.go, CDI's pkg/controller/config-controller.go), the
+StorageProfile (pkg/controller/storageprofile-controller.go), CSIDriver (ceph-csi
+deploy/rbd/kubernetes/csidriver.yaml), EndpointSlices (staging/src/k8s.io/endpointslice/utils.go),
+DaemonSets, ValidatingAdmissionPolicies and PrometheusRules (stored, not run).
+
+Not run: what needs the world outside this machine or is not a cluster command (sudo on a node,
+pip, docker, helm, the operators' release manifests from GitHub, which the simulator stands for).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kubevirt_spawner import kube as k
+from kubevirt_spawner import manifests as m
+from kubevirt_spawner import names
+from kubevirt_spawner.reflector import Caches
+from kubevirt_spawner.workstation import Settings, Workstation
+
+from simtools import start_sim
+
+REPO = Path(__file__).resolve().parent.parent
+RUNBOOK = REPO / "deploy" / "README.md"
+# Commands that reach past the cluster: run by a platform team, not here.
+NOT_HERE = ("sudo ", "python3 ", "docker ", "helm ")
+RELEASES = re.compile(r'^kubectl apply -f "https://github\.com/kubevirt/(kubevirt|containerized-data-importer)/'
+                      r'releases/download/\$\{(KUBEVIRT|CDI)_VERSION\}/(kubevirt|cdi)-operator\.yaml"$')
+
+
+def runbook_commands() -> list[tuple[str, str]]:
+    """(section, command) for every command of the runbook's sh blocks, continuation lines joined."""
+    out, section, in_block, pending = [], "", False, ""
+    for line in RUNBOOK.read_text().splitlines():
+        if line.startswith("## "):
+            section = line[3:]
+        elif line.strip() == "```sh":
+            in_block = True
+        elif line.strip() == "```":
+            in_block = False
+        elif in_block:
+            text = re.sub(r"\s+#[^'\"]*$", "", line).strip()  # a trailing comment
+            if text.endswith("\\"):
+                pending += text[:-1] + " "
+                continue
+            command = (pending + text).strip()
+            pending = ""
+            if command:
+                out.append((section, command))
+    return out
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    s = start_sim(tmp_path_factory.mktemp("runbook-cluster"), guest_mode="null")
+    yield s
+    s.stop()
+
+
+class Runbook:
+    def __init__(self, sim, workdir: Path):
+        self.env = {**os.environ, "KUBECONFIG": sim.kubeconfig}
+        self.workdir = workdir
+        self.ran: list[str] = []
+
+    def run(self, command: str) -> str:
+        # Every command starts from the settings, as a shell that loaded them in step 0 would.
+        done = subprocess.run(["bash", "-c", f"set -euo pipefail; set -a; . deploy/settings.env; set +a\n{command}"],
+                              cwd=self.workdir, env=self.env, capture_output=True, text=True, timeout=180,
+                              check=False)
+        assert done.returncode == 0, f"{command}\n{done.stdout}\n{done.stderr}"
+        self.ran.append(command)
+        return done.stdout
+
+
+# The production profiles' placement (hub-config/jupyterhub_config.py): the pool label and taint
+# that label-nodes.sh set.
+ALICE = m.MachineSpec(workspace_disk_size="10Gi", node_selector={"workload.example.com/kubevirt": "true"},
+                      tolerations=({"key": "workload.example.com/kubevirt", "operator": "Equal", "value": "true",
+                                    "effect": "NoSchedule"},))
+
+
+def start_alice(sim):
+    """Alice's first workstation, as the hub makes it with the production config's namespace rules."""
+    import asyncio
+    import logging
+
+    async def start():
+        kube = k.Kube(k.load_api_client(sim.kubeconfig), logging.getLogger("runbook"))
+        caches = Caches(kube, m.LABEL_WORKSTATION)
+        caches.start()
+        await caches.wait_synced(30)
+        settings = Settings(url_mode="cluster-ip", start_timeout=120, network_policy_from=(
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "jupyterhub"}}},),
+            namespace_quota={"requests.storage": "1Ti"},
+            namespace_limits=({"type": "PersistentVolumeClaim", "max": {"storage": "500Gi"}},))
+        ws = Workstation(kube, caches, names.identity("alice"), ALICE, settings, logging.getLogger("runbook"))
+        try:
+            await ws.start({"JUPYTERHUB_API_TOKEN": "t"}, [])
+            await ws.take_snapshot("first")
+            return ws
+        finally:
+            caches.stop()
+            await kube.aclose()
+    return asyncio.run(start())
+
+
+def stop_alice(sim):
+    import asyncio
+    import logging
+
+    async def stop():
+        kube = k.Kube(k.load_api_client(sim.kubeconfig), logging.getLogger("runbook"))
+        caches = Caches(kube, m.LABEL_WORKSTATION)
+        caches.start()
+        await caches.wait_synced(30)
+        try:
+            await Workstation(kube, caches, names.identity("alice"), ALICE, Settings(url_mode="cluster-ip"),
+                              logging.getLogger("runbook")).stop()
+        finally:
+            caches.stop()
+            await kube.aclose()
+    asyncio.run(stop())
+
+
+def test_the_runbook_runs_against_the_simulator(cluster, tmp_path):
+    workdir = tmp_path / "checkout"
+    shutil.copytree(REPO / "deploy", workdir / "deploy", ignore=shutil.ignore_patterns("rendered"))
+    book = Runbook(cluster, workdir)
+    commands = runbook_commands()
+    skipped_releases = []
+    outputs: dict[str, str] = {}
+    for section, command in commands:
+        if command.startswith(NOT_HERE):
+            continue
+        if RELEASES.match(command):
+            skipped_releases.append(command)
+            continue
+        if section.startswith("10."):
+            if not any(c.startswith("kubectl -n notebook-alice") for c in book.ran):
+                start_alice(cluster)  # "Log in as a test user and start a server"
+            if command == "kubectl -n notebook-alice get vm,vmi,pvc":
+                stop_alice(cluster)  # "Stopping from the hub's home page"
+        outputs[command] = book.run(command)
+    # the two operators' releases are the only commands left to the cluster's owner
+    assert len(skipped_releases) == 2
+    assert len(book.ran) >= 40
+
+    def out(prefix: str) -> str:
+        return next(text for command, text in outputs.items() if command.startswith(prefix))
+    assert "rendered" in out("deploy/render.sh")
+    assert re.search(r"vm-gpu-pci-1\s.*true\s+vfio", out("kubectl get nodes -L")), out("kubectl get nodes -L")
+    assert "workload.example.com/kubevirt=true:NoSchedule" in out("kubectl describe node vm-gpu-pci-1")
+    assert out("kubectl get kubevirt -n kubevirt kubevirt -o jsonpath") == "Deployed v1.9.0\n"
+    assert "nvidia.com/A100-PCIE-40GB" in out("kubectl get node vm-gpu-pci-1 -o jsonpath")
+    assert out("kubectl get cdi cdi -o jsonpath") == "Deployed v1.66.0\n"
+    assert "rbd.csi.ceph.com" in out("kubectl get csidriver rbd.csi.ceph.com")
+    assert out('kubectl get storageprofile "$STORAGE_CLASS"') == "csi-clone\n"
+    assert out("kubectl get cdiconfig config") == "ceph-rbd\n"
+    assert "ceph-rbd-snapclass" in out("kubectl get volumesnapshotclass")
+    assert "Succeeded" in out('kubectl -n "$GOLDEN_NAMESPACE" get dv,pvc') and "Bound" in \
+        out('kubectl -n "$GOLDEN_NAMESPACE" get dv,pvc')
+    assert "kubevirt-spawner-hub" in out("kubectl get validatingadmissionpolicy")
+    # the first workstation, its launcher pod, and its Service's EndpointSlice with the pod's address
+    assert "virt-launcher-alice-workstation-" in out("kubectl -n notebook-alice get pods -l kubevirt.io=virt-launcher")
+    slice_table = out("kubectl -n notebook-alice get endpointslice -l kubernetes.io/service-name=alice-notebook")
+    assert re.search(r"alice-notebook-\w{5}\s+IPv4", slice_table), slice_table
+    guards = out("kubectl -n notebook-alice get networkpolicy,resourcequota,limitrange")
+    assert "networkpolicy.networking.k8s.io/kubevirt-spawner" in guards and "limitrange/kubevirt-spawner" in guards
+    assert "alice-first" in out("kubectl -n notebook-alice get vmsnapshot")
+    stopped = out("kubectl -n notebook-alice get vm,vmi,pvc")
+    assert "Stopped" in stopped and "virtualmachineinstance" not in stopped and stopped.count("Bound") == 2, stopped
