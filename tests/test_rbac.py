@@ -204,3 +204,14 @@ async def test_only_the_authorizers_refusals_are_missing_permissions(rsim, tmp_p
     assert clone.value.status == 422 and clone.value.permission_denied
     await admin.aclose()
     await hub.aclose()
+
+
+def test_nothing_in_deploy_rbac_is_a_wildcard():
+    """No `*` in any rule's groups, resources, verbs or names, and no rule without resources (a
+    nonResourceURLs rule): every permission is named."""
+    rules = [rule for obj in hub_rbac_objects() if obj["kind"] in ("ClusterRole", "Role") for rule in obj["rules"]]
+    assert rules
+    for rule in rules:
+        assert rule.get("resources") and "nonResourceURLs" not in rule, rule
+        for field in ("apiGroups", "resources", "verbs", "resourceNames"):
+            assert not any("*" in value for value in rule.get(field) or []), rule
