@@ -13,6 +13,8 @@ pip, docker, helm, the operators' release manifests from GitHub, which the simul
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import re
 import shutil
@@ -89,47 +91,38 @@ ALICE = m.MachineSpec(workspace_disk_size="10Gi", node_selector={"workload.examp
                                     "effect": "NoSchedule"},))
 
 
-def start_alice(sim):
-    """Alice's first workstation, as the hub makes it with the production config's namespace rules."""
-    import asyncio
-    import logging
-
-    async def start():
-        kube = k.Kube(k.load_api_client(sim.kubeconfig), logging.getLogger("runbook"))
-        caches = Caches(kube, m.LABEL_WORKSTATION)
-        caches.start()
-        await caches.wait_synced(30)
-        settings = Settings(url_mode="cluster-ip", start_timeout=120, network_policy_from=(
-            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "jupyterhub"}}},),
-            namespace_quota={"requests.storage": "1Ti"},
-            namespace_limits=({"type": "PersistentVolumeClaim", "max": {"storage": "500Gi"}},))
-        ws = Workstation(kube, caches, names.identity("alice"), ALICE, settings, logging.getLogger("runbook"))
-        try:
-            await ws.start({"JUPYTERHUB_API_TOKEN": "t"}, [])
-            await ws.take_snapshot("first")
-            return ws
-        finally:
-            caches.stop()
-            await kube.aclose()
-    return asyncio.run(start())
+# What the production config gives a user's namespace (hub-config/jupyterhub_config.py).
+NAMESPACE_RULES = Settings(url_mode="cluster-ip", start_timeout=120, network_policy_from=(
+    {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "jupyterhub"}}},),
+    namespace_quota={"requests.storage": "1Ti"},
+    namespace_limits=({"type": "PersistentVolumeClaim", "max": {"storage": "500Gi"}},))
 
 
-def stop_alice(sim):
-    import asyncio
-    import logging
+def as_the_hub(sim, action):
+    """Run `action(workstation)` on alice's workstation with the spawner's own lifecycle code."""
+    log = logging.getLogger("runbook")
 
-    async def stop():
-        kube = k.Kube(k.load_api_client(sim.kubeconfig), logging.getLogger("runbook"))
+    async def run():
+        kube = k.Kube(k.load_api_client(sim.kubeconfig), log)
         caches = Caches(kube, m.LABEL_WORKSTATION)
         caches.start()
         await caches.wait_synced(30)
         try:
-            await Workstation(kube, caches, names.identity("alice"), ALICE, Settings(url_mode="cluster-ip"),
-                              logging.getLogger("runbook")).stop()
+            await action(Workstation(kube, caches, names.identity("alice"), ALICE, NAMESPACE_RULES, log))
         finally:
             caches.stop()
             await kube.aclose()
-    asyncio.run(stop())
+    asyncio.run(run())
+
+
+async def log_in_and_snapshot(ws: Workstation):
+    """Alice logs in (her first workstation starts) and takes a snapshot from the panel."""
+    await ws.start({"JUPYTERHUB_API_TOKEN": "t"}, [])
+    await ws.take_snapshot("first")
+
+
+async def stop(ws: Workstation):
+    await ws.stop()
 
 
 def test_the_runbook_runs_against_the_simulator(cluster, tmp_path):
@@ -147,9 +140,9 @@ def test_the_runbook_runs_against_the_simulator(cluster, tmp_path):
             continue
         if section.startswith("10."):
             if not any(c.startswith("kubectl -n notebook-alice") for c in book.ran):
-                start_alice(cluster)  # "Log in as a test user and start a server"
+                as_the_hub(cluster, log_in_and_snapshot)  # "Log in as a test user and start a server"
             if command == "kubectl -n notebook-alice get vm,vmi,pvc":
-                stop_alice(cluster)  # "Stopping from the hub's home page"
+                as_the_hub(cluster, stop)  # "Stopping from the hub's home page"
         outputs[command] = book.run(command)
     # the two operators' releases are the only commands left to the cluster's owner
     assert len(skipped_releases) == 2
