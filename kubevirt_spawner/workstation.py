@@ -555,8 +555,9 @@ class Workstation:
         """This workstation's snapshots as its user sees them, oldest first."""
         out = []
         for snap in self.caches.snapshots.values():
-            if snap["metadata"].get("namespace") != self.ident.namespace or not self._own(snap):
-                continue
+            if snap["metadata"].get("namespace") != self.ident.namespace or not self._own(snap) \
+                    or snap["metadata"].get("deletionTimestamp"):
+                continue  # (a deleted one waits for KubeVirt's vmsnapshot-protection finalizer: gone already)
             meta, status = snap["metadata"], snap.get("status") or {}
             out.append({"name": (meta.get("annotations") or {}).get(m.ANNOTATION_SNAPSHOT_NAME, meta["name"]),
                         "object": meta["name"], "note": (meta.get("annotations") or {}).get(m.ANNOTATION_NOTE, ""),
@@ -752,6 +753,12 @@ class Workstation:
             snap = self._snapshot(name)
             if snap is None or not await self.kube.delete(SNAPSHOT, self.ident.namespace, snap["object"]):
                 raise WorkstationError(f"There is no snapshot named {name}.", reason="no-snapshot", status_code=404)
+            # Until the cache has seen the deletion, counts and listings would still show it.
+            try:
+                await self.caches.wait_for(lambda: self._snapshot(name) is None, self.settings.stop_timeout,
+                                           self.ident.namespace)
+            except asyncio.TimeoutError:
+                self.log.warning("snapshot %s deleted, but the hub's cache has not seen it yet", name)
             self.log.info("snapshot %s deleted", name)
 
     # ------------------------------------------------------------ retire

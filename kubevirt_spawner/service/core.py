@@ -337,7 +337,8 @@ class Workstations(LoggingConfigurable):
     # ---------------------------------------------------------------- snapshots
     def _user_snapshot_count(self, user: str) -> int:
         return sum(1 for s in self._caches().snapshots.values()
-                   if (s["metadata"].get("annotations") or {}).get(m.ANNOTATION_USERNAME) == user)
+                   if (s["metadata"].get("annotations") or {}).get(m.ANNOTATION_USERNAME) == user
+                   and not s["metadata"].get("deletionTimestamp"))
 
     async def take_snapshot(self, caller: Caller, user: str, server: str, name, note) -> dict:
         ws = await self.existing(caller, user, server)
