@@ -109,3 +109,34 @@ def test_kubectl_creates_service_accounts_and_their_tokens(kubectl, sim, tmp_pat
     short = kubectl("create", "token", "r2", "-n", "robots", "--duration=1m", check=False)
     assert "may not specify a duration less than 10 minutes" in short.stderr
     assert kubectl("--token", "nonsense", "get", "pods", check=False).stderr.strip().endswith("(Unauthorized)")
+
+
+def test_a_bound_claim_has_a_volume_that_its_reclaim_policy_keeps_or_deletes(kubectl, sim):
+    """The CSI external-provisioner makes a PersistentVolume per bound claim with the StorageClass's
+    reclaim policy (kubernetes-csi/external-provisioner pkg/controller/controller.go); a deleted
+    claim releases it, and a Released volume is kept under Retain, deleted under Delete
+    (kubernetes/kubernetes pkg/controller/volume/persistentvolume/pv_controller.go), which is how an
+    admin removes a retained disk for good: set its policy to Delete."""
+    kubectl("create", "namespace", "pv-test")
+    claim = ("apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: {name}\n  namespace: pv-test\n"
+             "spec:\n  accessModes: [ReadWriteOnce]\n  volumeMode: Block\n  storageClassName: ceph-rbd\n"
+             "  resources:\n    requests:\n      storage: 2Gi\n")
+    volumes = {}
+    for name in ("kept", "gone"):
+        kubectl("apply", "-f", "-", stdin=claim.format(name=name))
+        kubectl("wait", "--for=jsonpath={.status.phase}=Bound", f"pvc/{name}", "-n", "pv-test", "--timeout=30s")
+        volumes[name] = kubectl("get", "pvc", name, "-n", "pv-test", "-o", "jsonpath={.spec.volumeName}").stdout
+    pv = json.loads(kubectl("get", "pv", volumes["kept"], "-o", "json").stdout)
+    assert pv["spec"]["persistentVolumeReclaimPolicy"] == "Retain"  # the seeded ceph-rbd class's
+    assert pv["spec"]["claimRef"]["name"] == "kept" and pv["spec"]["csi"]["driver"] == "rbd.csi.ceph.com"
+    assert (pv["status"]["phase"], pv["spec"]["capacity"]["storage"], pv["spec"]["volumeMode"]) == ("Bound", "2Gi", "Block")
+    kubectl("delete", "pvc", "kept", "gone", "-n", "pv-test")
+    for volume in volumes.values():
+        wait_for(lambda v=volume: kubectl("get", "pv", v, "-o", "jsonpath={.status.phase}").stdout == "Released")
+    kubectl("patch", "pv", volumes["gone"], "--type", "merge", "-p",
+            '{"spec":{"persistentVolumeReclaimPolicy":"Delete"}}')
+    kubectl("wait", "--for=delete", f"pv/{volumes['gone']}", "--timeout=30s")
+    table = kubectl("get", "pv", volumes["kept"]).stdout
+    assert table.split("\n")[0].split()[:5] == ["NAME", "CAPACITY", "RECLAIM", "POLICY", "STATUS"]
+    assert "Released" in table
+    kubectl("delete", "namespace", "pv-test")

@@ -249,6 +249,8 @@ class Cluster:
                     self.dv_queue.add(_key(dv))
         elif rt is SERVICE:
             self.service_queue.add(key)
+        elif rt.kind == "PersistentVolume" and kind != "DELETED":
+            asyncio.get_running_loop().call_soon(self.storage.reconcile_volume, obj["metadata"]["name"])
         elif rt.kind in ("StorageClass", "StorageProfile"):
             loop = asyncio.get_running_loop()
             if kind != "DELETED":

@@ -21,6 +21,7 @@ from .resources import BY_KIND
 log = logging.getLogger(__name__)
 
 PVC = BY_KIND["PersistentVolumeClaim"]
+PV = BY_KIND["PersistentVolume"]
 DV = BY_KIND["DataVolume"]
 SC = BY_KIND["StorageClass"]
 PVC_PROTECTION = "kubernetes.io/pvc-protection"
@@ -115,6 +116,7 @@ class Storage:
             if self.c.step_due(self.c.pvc_queue, key, "bind"):
                 self._bind(pvc, sc)
             return
+        self.ensure_volume(pvc)
         requested = parse_quantity(field_value(pvc, "spec.resources.requests.storage") or 0)
         capacity = parse_quantity(field_value(pvc, "status.capacity.storage") or 0)
         if requested > capacity:
@@ -143,12 +145,69 @@ class Storage:
                   "capacity": {"storage": field_value(pvc, "spec.resources.requests.storage") or "1Gi"}}
         new = copy.deepcopy(new)
         new["status"] = status
-        self.store.update(PVC, new, subresource="status", check_rv=False)
+        new = self.store.update(PVC, new, subresource="status", check_rv=False)
+        self.ensure_volume(new, sc)
         self.c.events.record(pvc, "Normal", "ProvisioningSucceeded",
                              f"Successfully provisioned volume {volume}", sc.get("provisioner", "csi"))
 
+    # ================= PersistentVolumes
+    def ensure_volume(self, pvc: dict, sc: dict | None = None):
+        """The PersistentVolume the CSI external-provisioner makes for a bound claim
+        (kubernetes-csi/external-provisioner pkg/controller/controller.go: named after the claim's
+        volumeName, reclaim policy from the StorageClass, Delete when it says nothing), Bound to it."""
+        volume = field_value(pvc, "spec.volumeName")
+        if not volume or self.store.get(PV, "", volume) is not None:
+            return
+        if sc is None:
+            sc_name = field_value(pvc, "spec.storageClassName")
+            sc = (self.store.get(SC, "", sc_name) if sc_name else None) or {}
+        driver = sc.get("provisioner", "rbd.csi.ceph.com")
+        params = sc.get("parameters") or {}
+        meta, spec = pvc["metadata"], pvc.get("spec") or {}
+        pv = self.store.create(PV, {
+            "apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": volume, "annotations": {"pv.kubernetes.io/provisioned-by": driver}},
+            "spec": {"accessModes": list(spec.get("accessModes") or ["ReadWriteOnce"]),
+                     "capacity": {"storage": field_value(pvc, "status.capacity.storage")
+                                  or field_value(pvc, "spec.resources.requests.storage") or "1Gi"},
+                     "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "name": meta["name"],
+                                  "namespace": meta["namespace"], "uid": meta.get("uid", "")},
+                     "csi": {"driver": driver, "volumeHandle": f"0001-0024-{params.get('clusterID', 'sim')}-{volume}",
+                             "volumeAttributes": {"clusterID": params.get("clusterID", ""),
+                                                  "pool": params.get("pool", ""), "imageName": f"csi-vol-{volume}"}},
+                     "persistentVolumeReclaimPolicy": sc.get("reclaimPolicy") or "Delete",
+                     "storageClassName": spec.get("storageClassName") or "",
+                     "volumeMode": spec.get("volumeMode") or "Filesystem"}})
+        pv = copy.deepcopy(pv)
+        pv["status"] = {"phase": "Bound"}
+        self.store.update(PV, pv, subresource="status", check_rv=False)
+
     def pvc_deleted(self, pvc: dict):
-        path = self.c.volume_dir(pvc)
+        """A deleted claim releases its volume (pkg/controller/volume/persistentvolume/
+        pv_controller.go): `Retain` keeps the volume and its data, Released, until an admin deletes
+        it or sets its policy to Delete; `Delete` removes both."""
+        volume = field_value(pvc, "spec.volumeName")
+        pv = self.store.get(PV, "", volume) if volume else None
+        if pv is None or field_value(pv, "spec.persistentVolumeReclaimPolicy") != "Retain":
+            self._delete_volume(volume, pv is not None)
+            return
+        new = copy.deepcopy(pv)
+        new["status"] = {"phase": "Released"}
+        self.store.update(PV, new, subresource="status", check_rv=False)
+
+    def reconcile_volume(self, name: str):
+        """A Released volume whose policy became Delete is deleted, data and all."""
+        pv = self.store.get(PV, "", name)
+        if pv is not None and field_value(pv, "status.phase") == "Released" \
+                and field_value(pv, "spec.persistentVolumeReclaimPolicy") == "Delete":
+            self._delete_volume(name, True)
+
+    def _delete_volume(self, volume: str | None, has_object: bool):
+        if not volume:
+            return
+        if has_object:
+            self.store.delete(PV, "", volume)
+        path = self.c.volume_dir({"spec": {"volumeName": volume}})
         if path and os.path.isdir(path):
             asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, path, True)
 
