@@ -1,7 +1,7 @@
 """Protobuf request bodies, for the few kinds whose `kubectl create` generators send them.
 
 kubectl sends `application/vnd.kubernetes.protobuf` for `kubectl create namespace`, `create
-serviceaccount`, `create configmap` and `create token`. The envelope is the magic `k8s\\0` followed by a
+serviceaccount`, `create configmap`, `create secret generic` and `create token`. The envelope is the magic `k8s\\0` followed by a
 runtime.Unknown (staging/src/k8s.io/apimachinery/pkg/runtime/types.go: typeMeta = 1, raw = 2),
 whose `raw` is the object in the field numbers of its generated.proto. Only the fields those
 generators fill are decoded; anything else is refused as an unsupported media type.
@@ -9,12 +9,15 @@ generators fill are decoded; anything else is refused as an unsupported media ty
 
 from __future__ import annotations
 
+import base64
+
 from . import errors
 
 MAGIC = b"k8s\x00"
 
 # field number -> (JSON name, type); a type is "string", "int64", "bool", a nested schema (dict),
-# or ("repeated", type) / ("map",) for map<string, string> entries.
+# or ("repeated", type) / ("map",) for map<string, string> entries / ("map", "bytes") for
+# map<string, bytes> (base64 in JSON).
 _OBJECT_META = {1: ("name", "string"), 2: ("generateName", "string"), 3: ("namespace", "string"),
                 11: ("labels", ("map",)), 12: ("annotations", ("map",))}
 _TYPE_META = {1: ("apiVersion", "string"), 2: ("kind", "string")}
@@ -27,6 +30,9 @@ SCHEMAS = {
     "ServiceAccount": {1: ("metadata", _OBJECT_META), 4: ("automountServiceAccountToken", "bool")},
     # (binaryData, field 3, holds files that are not UTF-8: refused below, not decoded)
     "ConfigMap": {1: ("metadata", _OBJECT_META), 2: ("data", ("map",)), 4: ("immutable", "bool")},
+    # (staging/src/k8s.io/api/core/v1/generated.proto: data = 2, type = 3, immutable = 5)
+    "Secret": {1: ("metadata", _OBJECT_META), 2: ("data", ("map", "bytes")), 3: ("type", "string"),
+               5: ("immutable", "bool")},
     "TokenRequest": {1: ("metadata", _OBJECT_META),
                      2: ("spec", {1: ("audiences", ("repeated", "string")), 3: ("boundObjectRef", _BOUND_OBJECT_REF),
                                   4: ("expirationSeconds", "int64")})},
@@ -35,7 +41,7 @@ SCHEMAS = {
 
 def _unsupported(what: str) -> errors.ApiError:
     return errors.ApiError(415, "UnsupportedMediaType", f"the simulator decodes protobuf bodies of Namespace, "
-                           f"ServiceAccount, ConfigMap and TokenRequest only, not {what}; send JSON or YAML")
+                           f"ServiceAccount, ConfigMap, Secret and TokenRequest only, not {what}; send JSON or YAML")
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:
@@ -89,8 +95,10 @@ def _decode(data: bytes, schema: dict) -> dict:
         elif kind[0] == "repeated":
             out.setdefault(name, []).append(value.decode())
         elif kind[0] == "map":
-            entry = _decode(value, {1: ("key", "string"), 2: ("value", "string")})
-            out.setdefault(name, {})[entry.get("key", "")] = entry.get("value", "")
+            entry = _decode(value, {1: ("key", "string"), 2: ("value", kind[1] if len(kind) > 1 else "string")})
+            item = entry.get("value", b"" if len(kind) > 1 else "")
+            out.setdefault(name, {})[entry.get("key", "")] = \
+                base64.b64encode(item).decode() if isinstance(item, bytes) else item
     return out
 
 
