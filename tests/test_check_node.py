@@ -1,12 +1,14 @@
 """deploy/host/check-node.sh on fake hosts: /proc, /sys and /dev trees laid out as Linux lays
 them out (the PCI devices' `class`, `vendor`, `device`, `driver` and `iommu_group` links as
 drivers/pci/pci-sysfs.c and drivers/iommu/iommu.c make them), for a node that is ready for GPU
-passthrough, one without an IOMMU, and one whose GPU is still bound to the NVIDIA driver."""
+passthrough, one without an IOMMU, one whose kernel has no IOMMU support at all, one without a PCI
+bus, and one whose GPU is still bound to the NVIDIA driver."""
 
 from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import subprocess
 
 import pytest
@@ -95,6 +97,42 @@ def test_a_host_without_iommu_fails_with_the_fix(tmp_path):
     assert table["cpu-virtualisation"] == ["PASS"] and table["gpu-binding"] == ["PASS"]
     assert "fix: enable VT-d / AMD-Vi in the BIOS and boot with intel_iommu=on iommu=pt" in done.stdout
     assert "node NOT ready for pool vm-gpu-pci" in done.stdout
+
+
+def test_a_kernel_without_iommu_support_gets_the_table_not_an_early_exit(tmp_path):
+    """iommu_init (drivers/iommu/iommu.c) makes /sys/kernel/iommu_groups at boot, empty when the IOMMU
+    is off; a kernel built without CONFIG_IOMMU_API has no such directory. A `find | wc -l` of it
+    ended the script there under set -e and pipefail, with no table and no fix."""
+    root = fake_host(tmp_path / "no-iommu-support", iommu=False)
+    (root / "sys" / "kernel" / "iommu_groups").rmdir()
+    done = check(root, "--pool", "vm-gpu-pci")
+    # the whole table and the verdict, not an exit status 1 from set -e halfway through
+    assert done.returncode == 1 and "node NOT ready for pool vm-gpu-pci" in done.stdout, done.stdout + done.stderr
+    table = rows(done.stdout)
+    assert table["iommu"] == ["FAIL"] and table["iommu-passthrough"] == ["WARN"]
+    assert table["vfio-modules"] == ["PASS"] and table["gpu-binding"] == ["PASS"], done.stdout
+    assert table["driver-conflicts"] == ["PASS"] and "iommu-group" not in table
+    assert "no /sys/kernel/iommu_groups: the kernel has no IOMMU support" in done.stdout
+    assert "fix: boot a kernel built with CONFIG_INTEL_IOMMU / CONFIG_AMD_IOMMU" in done.stdout
+    assert "then enable VT-d / AMD-Vi in the BIOS" in done.stdout
+    # a CPU workstation node needs no IOMMU: the same host is ready for it
+    cpu = check(root, "--pool", "vm-cpu")
+    assert cpu.returncode == 0 and "node ready for pool vm-cpu" in cpu.stdout, cpu.stdout + cpu.stderr
+
+
+def test_a_host_without_a_pci_bus_has_no_gpu(tmp_path):
+    """No /sys/bus/pci at all, as on a machine without PCI (a virtio-mmio microVM such as
+    Firecracker's, some Arm boards): the GPU pools say there is no GPU, the CPU pool does not care."""
+    root = fake_host(tmp_path / "no-pci")
+    shutil.rmtree(root / "sys" / "bus")
+    passthrough = check(root, "--pool", "vm-gpu-pci")
+    assert passthrough.returncode == 1, passthrough.stdout + passthrough.stderr
+    assert rows(passthrough.stdout)["gpus"] == ["FAIL"]
+    assert "fix: label this node for the vm-cpu pool, or pass --gpu-vendors" in passthrough.stdout
+    containers = check(root, "--pool", "container-gpu")
+    assert containers.returncode == 0 and rows(containers.stdout)["gpus"] == ["WARN"], containers.stdout
+    cpu = check(root, "--pool", "vm-cpu")
+    assert cpu.returncode == 0 and "gpus" not in rows(cpu.stdout), cpu.stdout + cpu.stderr
 
 
 def test_a_gpu_bound_to_the_host_driver_fails_and_so_does_its_group(tmp_path):

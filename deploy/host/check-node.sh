@@ -145,15 +145,26 @@ describe() {  # 0000:3b:00.0 (10de:20b0)
   echo "$(basename "$1") ($(sed 's/^0x//' "$1/vendor"):$(sed 's/^0x//' "$1/device"))"
 }
 
-iommu_groups=$(find "$ROOT/sys/kernel/iommu_groups" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)
+# Counted without a pipeline: under set -e and pipefail, a find in a missing directory would end
+# the script. The kernel makes /sys/kernel/iommu_groups at boot (iommu_init, drivers/iommu/iommu.c)
+# and leaves it empty when the IOMMU is off; a kernel built without IOMMU support has none.
+iommu_groups=0
+for group in "$ROOT"/sys/kernel/iommu_groups/*; do
+  if [ -d "$group" ]; then iommu_groups=$((iommu_groups + 1)); fi
+done
 cmdline=$(cat "$ROOT/proc/cmdline" 2>/dev/null || true)
 
 if [ "$POOL" = vm-gpu-pci ]; then
   if [ "$iommu_groups" -gt 0 ]; then
     row PASS iommu "$iommu_groups IOMMU groups"
   else
-    row FAIL iommu "no IOMMU groups: the IOMMU is off" \
-      "enable VT-d / AMD-Vi in the BIOS and boot with intel_iommu=on iommu=pt (Intel) or iommu=pt (AMD)"
+    fix="enable VT-d / AMD-Vi in the BIOS and boot with intel_iommu=on iommu=pt (Intel) or iommu=pt (AMD)"
+    if [ -d "$ROOT/sys/kernel/iommu_groups" ]; then
+      row FAIL iommu "no IOMMU groups: the IOMMU is off" "$fix"
+    else
+      row FAIL iommu "no /sys/kernel/iommu_groups: the kernel has no IOMMU support" \
+        "boot a kernel built with CONFIG_INTEL_IOMMU / CONFIG_AMD_IOMMU (distribution kernels are), then $fix"
+    fi
   fi
   if [[ " $cmdline " == *" iommu=pt "* ]]; then
     row PASS iommu-passthrough "the kernel boots with iommu=pt"
@@ -185,6 +196,7 @@ if [ "$POOL" = vm-gpu-pci ]; then
       group=$(basename "$(readlink "$gpu/iommu_group")")
       others=()
       for member in "$ROOT/sys/kernel/iommu_groups/$group/devices/"*; do
+        [ -e "$member" ] || continue  # the group's devices/ missing or empty: the pattern itself
         [ "$(basename "$member")" = "$(basename "$gpu")" ] && continue
         case "$(cat "$member/class" 2>/dev/null)" in 0x0604*) continue ;; esac  # PCI bridges stay with the host
         member_driver=$(driver_of "$member")
