@@ -179,19 +179,91 @@ def test_settings_reach_the_manifests(tmp_path):
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "hub", "namespace": "research-hub"}]
 
 
+FRAGMENT = REPO / "hub-config" / "kubevirt_spawner_config.py"
+
+
+def as_the_chart_runs_it(values: dict, env: dict, monkeypatch) -> Config:
+    """The hub's config as Zero-to-JupyterHub's hub pod builds it (jupyterhub/files/hub/
+    jupyterhub_config.py): the chart's own settings and services first, hub.extraEnv in the
+    environment, then each hub.extraConfig snippet exec'd in that file's namespace, with the
+    image's copy of the fragment where the Dockerfile puts it."""
+    for name, value in {**env, **values["hub"]["extraEnv"]}.items():
+        monkeypatch.setenv(name, value)
+    c = Config()
+    c.JupyterHub.spawner_class = "kubespawner.KubeSpawner"
+    c.JupyterHub.hub_connect_url = "http://hub:8081"
+    c.JupyterHub.db_url = "postgresql://hub@db.example/jupyterhub"
+    c.JupyterHub.services = [{"name": "grafana", "url": "http://grafana:3000", "api_token": "t"}]
+    c.JupyterHub.load_roles = [{"name": "user", "scopes": ["self", "read:metrics"]}]
+    dockerfile = (DEPLOY / "jupyterhub" / "hub-image" / "Dockerfile").read_text()
+    copied = re.search(r"^COPY hub-config/kubevirt_spawner_config.py (\S+)$", dockerfile, re.M).group(1)
+    namespace = {"c": c, "open": lambda path, *a: open(FRAGMENT if path == copied else path, *a)}
+    for _, snippet in sorted(values["hub"]["extraConfig"].items()):
+        exec(snippet, namespace)
+    return c
+
+
+def test_the_config_adds_to_the_charts_services_and_roles(rendered, monkeypatch):
+    """What the site configured through the chart (hub.services, hub.loadRoles, hub.db) stays;
+    the workstations service and the idle culler are added; guests in other namespaces reach the
+    hub by its full DNS name (the chart's hub_connect_url is the short `hub`)."""
+    values = yaml.safe_load((rendered / "jupyterhub" / "values.yaml").read_text())
+    c = as_the_chart_runs_it(values, {"POD_NAMESPACE": "jupyterhub"}, monkeypatch)
+    assert [s["name"] for s in c.JupyterHub.services] == ["grafana", SERVICE_NAME, "idle-culler"]
+    assert [r["name"] for r in c.JupyterHub.load_roles] == ["user", "workstations-service", "idle-culler"]
+    assert c.JupyterHub.db_url == "postgresql://hub@db.example/jupyterhub"
+    assert c.JupyterHub.spawner_class == "kubevirt"
+    assert c.JupyterHub.hub_connect_url == "http://hub.jupyterhub.svc.cluster.local:8081"
+    # the service loads the same file on its own, for the same spawner settings
+    from kubevirt_spawner.service.web import load_hub_config
+    [service] = [s for s in c.JupyterHub.services if s["name"] == SERVICE_NAME]
+    assert service["environment"]["KUBEVIRT_SPAWNER_HUB_CONFIG"] == "/usr/local/etc/jupyterhub/kubevirt_spawner_config.py"
+    alone = load_hub_config(str(FRAGMENT))
+    assert alone.KubeVirtSpawner == c.KubeVirtSpawner
+
+
+def test_settings_reach_the_hub(tmp_path, monkeypatch):
+    """deploy/settings.env's namespace prefix, node labels and GPU models reach the spawner through
+    the values' hub.extraEnv: the same labels label-nodes.sh sets, a profile and quota per GPU."""
+    from kubevirt_spawner.spawner import KubeVirtSpawner
+    file = tmp_path / "settings.env"
+    file.write_text((DEPLOY / "settings.env").read_text()
+                    .replace("USER_NAMESPACE_PREFIX=notebook-", "USER_NAMESPACE_PREFIX=ws-")
+                    .replace("KUBEVIRT_NODE_LABEL=workload.example.com/kubevirt", "KUBEVIRT_NODE_LABEL=pool.acme.io/vm")
+                    .replace("ACCELERATOR_LABEL=accelerator.example.com/mode", "ACCELERATOR_LABEL=gpu.acme.io/mode")
+                    .replace('GPU_DEVICES="10DE:20B0=nvidia.com/A100-PCIE-40GB"',
+                             'GPU_DEVICES="10DE:20B0=nvidia.com/A100-PCIE-40GB 10DE:2236=nvidia.com/A10"')
+                    .replace("STORAGE_CLASS=ceph-rbd", "STORAGE_CLASS=rbd-fast"))
+    assert render(tmp_path / "out", file).returncode == 0
+    values = yaml.safe_load((tmp_path / "out" / "jupyterhub" / "values.yaml").read_text())
+    c = as_the_chart_runs_it(values, {"POD_NAMESPACE": "research-hub"}, monkeypatch)
+    spawner = KubeVirtSpawner(config=c)
+    assert spawner.namespace_template == "ws-{user}" and spawner.storage_class == "rbd-fast"
+    profiles = {p["slug"]: p["kubevirt_override"] for p in spawner._profiles()}
+    assert list(profiles) == ["cpu-4", "gpu-a100-pcie-40gb-1", "gpu-a10-1"]
+    assert profiles["cpu-4"]["node_selector"] == {"pool.acme.io/vm": "true"}
+    assert profiles["gpu-a10-1"]["node_selector"] == {"pool.acme.io/vm": "true", "gpu.acme.io/mode": "vfio"}
+    assert profiles["gpu-a10-1"]["gpus"] == {"nvidia.com/A10": 1}
+    assert profiles["gpu-a10-1"]["tolerations"] == [{"key": "pool.acme.io/vm", "operator": "Equal", "value": "true",
+                                                      "effect": "NoSchedule"}]
+    assert spawner.namespace_resource_quota["requests.nvidia.com/A10"] == "1"
+    label_nodes = (DEPLOY / "host" / "label-nodes.sh").read_text()
+    assert '"$NODE_LABEL=true:NoSchedule"' in label_nodes and '"$MODE_LABEL=vfio"' in label_nodes
+
+
 def load_hub_config(monkeypatch) -> Config:
-    """The production config as the hub image loads it (hub-config/jupyterhub_config.py)."""
-    from traitlets.config.loader import PyFileConfigLoader
+    """The production config as the hub image loads it (hub-config/kubevirt_spawner_config.py)."""
+    from kubevirt_spawner.service.web import load_hub_config
     monkeypatch.setenv("POD_NAMESPACE", "jupyterhub")
-    return PyFileConfigLoader("jupyterhub_config.py", path=str(REPO / "hub-config")).load_config()
+    return load_hub_config(str(FRAGMENT))
 
 
 def test_the_hub_image_and_the_values_agree_with_the_hub_config(rendered, monkeypatch):
     values = yaml.safe_load((rendered / "jupyterhub" / "values.yaml").read_text())
     dockerfile = (DEPLOY / "jupyterhub" / "hub-image" / "Dockerfile").read_text()
-    # the chart loads the config file where the image puts it
-    copied = re.search(r"^COPY hub-config/jupyterhub_config.py (\S+)$", dockerfile, re.M).group(1)
-    assert values["hub"]["extraConfig"]["00-kubevirt-spawner"].strip() == f'load_subconfig("{copied}")'
+    # the chart runs the config file where the image puts it
+    copied = re.search(r"^COPY hub-config/kubevirt_spawner_config.py (\S+)$", dockerfile, re.M).group(1)
+    assert f'path = "{copied}"' in values["hub"]["extraConfig"]["00-kubevirt-spawner"]
     for source in re.findall(r"^COPY (\S+) ", dockerfile, re.M):
         assert (REPO / source).exists() or source.endswith("wheels/"), source
     # JupyterHub 6, this package's version, a culler this package supports
@@ -215,6 +287,7 @@ def test_the_hub_image_and_the_values_agree_with_the_hub_config(rendered, monkey
     assert policy["ingress"] == [{"ports": [{"port": port, "protocol": "TCP"}],
                                   "from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": label}}]}]
     assert values["cull"]["enabled"] is False
+    assert values["rbac"]["create"] is False  # the chart's Role (pods, Secrets) is KubeSpawner's
     # a user's namespace admits the chart's hub and proxy pods of the hub's namespace only
     (peer,) = c.KubeVirtSpawner.network_policy_ingress_from
     assert peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "jupyterhub"}}

@@ -26,7 +26,7 @@ def test_production_config(monkeypatch):
     assert c.JupyterHub.hub_connect_url == "http://hub.hub-prod.svc.corp.example:8081"
     assert c.ConfigurableHTTPProxy.api_url == "http://proxy-api.hub-prod.svc.corp.example:8001"
     spawner = KubeVirtSpawner(config=c)
-    assert [p["slug"] for p in spawner._profiles()] == ["cpu-4", "gpu-a100-1"]
+    assert [p["slug"] for p in spawner._profiles()] == ["cpu-4", "gpu-a100-pcie-40gb-1"]
     assert spawner.url_mode == "dns" and spawner.kubeconfig is None and spawner.cluster_domain == "corp.example"
 
 
@@ -48,7 +48,7 @@ def service_registered(c, port: int | None = None):
     [service] = [s for s in c.JupyterHub.services if s["name"] == "workstations"]
     command = service["command"]
     assert command[command.index("service"):] == ["service", "--ip", command[-3], "--port", command[-1]]
-    assert service["environment"][CONFIG_ENV].endswith("jupyterhub_config.py") or \
+    assert service["environment"][CONFIG_ENV].endswith("kubevirt_spawner_config.py") or \
         service["environment"][CONFIG_ENV].endswith("demo_config.py")
     if port:
         assert service["url"] == f"http://127.0.0.1:{port}"
