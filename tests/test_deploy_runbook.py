@@ -27,6 +27,8 @@ from kubevirt_spawner import kube as k
 from kubevirt_spawner import manifests as m
 from kubevirt_spawner import names
 from kubevirt_spawner.reflector import Caches
+from kubevirt_spawner.service.web import load_hub_config
+from kubevirt_spawner.spawner import KubeVirtSpawner
 from kubevirt_spawner.workstation import Settings, Workstation
 
 from simtools import start_sim
@@ -70,7 +72,8 @@ def cluster(tmp_path_factory):
 
 class Runbook:
     def __init__(self, sim, workdir: Path):
-        self.env = {**os.environ, "KUBECONFIG": sim.kubeconfig}
+        # (the OIDC client's secret, which the runbook keeps out of settings.env, in the shell)
+        self.env = {**os.environ, "KUBECONFIG": sim.kubeconfig, "OIDC_CLIENT_SECRET": "from-the-identity-provider"}
         self.workdir = workdir
         self.ran: list[str] = []
 
@@ -84,18 +87,28 @@ class Runbook:
         return done.stdout
 
 
-# The production profiles' placement (hub-config/jupyterhub_config.py): the pool label and taint
-# that label-nodes.sh set.
-ALICE = m.MachineSpec(workspace_disk_size="10Gi", node_selector={"workload.example.com/kubevirt": "true"},
-                      tolerations=({"key": "workload.example.com/kubevirt", "operator": "Equal", "value": "true",
-                                    "effect": "NoSchedule"},))
+def production_spawner(monkeypatch_env: dict) -> KubeVirtSpawner:
+    """The spawner as the production config (hub-config/kubevirt_spawner_config.py) makes it with
+    the runbook's settings: its profiles' placement (the pool label and taint label-nodes.sh set)
+    and what it gives a user's namespace."""
+    saved = {name: os.environ.get(name) for name in monkeypatch_env}
+    os.environ.update(monkeypatch_env)
+    try:
+        return KubeVirtSpawner(config=load_hub_config(str(REPO / "hub-config" / "kubevirt_spawner_config.py")))
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
-# What the production config gives a user's namespace (hub-config/jupyterhub_config.py).
-NAMESPACE_RULES = Settings(url_mode="cluster-ip", start_timeout=120, network_policy_from=(
-    {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "jupyterhub"}}},),
-    namespace_quota={"requests.storage": "1Ti"},
-    namespace_limits=({"type": "PersistentVolumeClaim", "max": {"storage": "500Gi"}},))
+SPAWNER = production_spawner({"POD_NAMESPACE": "jupyterhub"})
+ALICE = SPAWNER._machine_spec(next(p for p in SPAWNER._profiles() if p.get("default")))
+NAMESPACE_RULES = Settings(url_mode="cluster-ip", start_timeout=120,
+                           network_policy_from=tuple(SPAWNER.network_policy_ingress_from),
+                           namespace_quota=dict(SPAWNER.namespace_resource_quota),
+                           namespace_limits=tuple(SPAWNER.namespace_limit_range))
 
 
 def as_the_hub(sim, action):
@@ -125,6 +138,11 @@ async def stop(ws: Workstation):
     await ws.stop()
 
 
+async def delete_the_user(ws: Workstation):
+    """The admin deletes alice on the hub's admin page: the spawner's delete_forever."""
+    await ws.retire()
+
+
 def test_the_runbook_runs_against_the_simulator(cluster, tmp_path):
     workdir = tmp_path / "checkout"
     shutil.copytree(REPO / "deploy", workdir / "deploy", ignore=shutil.ignore_patterns("rendered"))
@@ -143,6 +161,8 @@ def test_the_runbook_runs_against_the_simulator(cluster, tmp_path):
                 as_the_hub(cluster, log_in_and_snapshot)  # "Log in as a test user and start a server"
             if command == "kubectl -n notebook-alice get vm,vmi,pvc":
                 as_the_hub(cluster, stop)  # "Stopping from the hub's home page"
+        if section.startswith("11.") and not any(c.startswith("kubectl get pvc -A -l") for c in book.ran):
+            as_the_hub(cluster, delete_the_user)  # "Deleting a user ... on the hub's admin page"
         outputs[command] = book.run(command)
     # the two operators' releases are the only commands left to the cluster's owner
     assert len(skipped_releases) == 2
@@ -158,7 +178,7 @@ def test_the_runbook_runs_against_the_simulator(cluster, tmp_path):
     assert out("kubectl get cdi cdi -o jsonpath") == "Deployed v1.66.0\n"
     assert "rbd.csi.ceph.com" in out("kubectl get csidriver rbd.csi.ceph.com")
     assert out('kubectl get storageprofile "$STORAGE_CLASS"') == "csi-clone\n"
-    assert out("kubectl get cdiconfig config") == "ceph-rbd\n"
+    assert out("kubectl get cdiconfig config") == "ceph-rbd-scratch\n"
     assert "ceph-rbd-snapclass" in out("kubectl get volumesnapshotclass")
     assert "Succeeded" in out('kubectl -n "$GOLDEN_NAMESPACE" get dv,pvc') and "Bound" in \
         out('kubectl -n "$GOLDEN_NAMESPACE" get dv,pvc')
@@ -172,3 +192,15 @@ def test_the_runbook_runs_against_the_simulator(cluster, tmp_path):
     assert "alice-first" in out("kubectl -n notebook-alice get vmsnapshot")
     stopped = out("kubectl -n notebook-alice get vm,vmi,pvc")
     assert "Stopped" in stopped and "virtualmachineinstance" not in stopped and stopped.count("Bound") == 2, stopped
+    # offboarding: the retained disks listed with their volumes and date; their volumes deleted
+    # with the namespace (policy Delete first), none left Released
+    retained = out("kubectl get pvc -A -l kubevirt-spawner.io/retained=true")
+    assert retained.count("notebook-alice") == 2 and "alice" in retained, retained
+    listing = out("kubectl -n notebook-alice get pvc -o jsonpath")
+    volumes = [line.split("\t")[1] for line in listing.splitlines()]
+    assert len(volumes) == 2 and all(line.split("\t")[2].startswith("20") for line in listing.splitlines()), listing
+    left = out("kubectl get pv -o custom-columns")
+    assert not any(volume in left for volume in volumes) and "notebook-alice" not in left, left
+    assert "pvc-golden-ubuntu-24-04-cuda" in left  # (other volumes untouched)
+    assert out("kubectl get pv -o jsonpath") == ""
+    assert "hub-oidc" in out('kubectl -n "$HUB_NAMESPACE" get secret hub-oidc')
