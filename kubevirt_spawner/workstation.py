@@ -266,8 +266,7 @@ class Workstation:
         """Create whatever is missing; adopt what exists (after a hub restart, or a second start)."""
         refused = await self._ensure_namespace() if self.vm is None else None
         try:
-            if self.vm is None:
-                await self._ensure_namespace_guards()
+            await self._ensure_namespace_guards()
             await self._provision_objects(report, deadline)
         except k.KubeError as err:
             # The namespace is missing because the hub was not allowed to create it: say that.
@@ -338,8 +337,9 @@ class Workstation:
         return None
 
     async def _ensure_namespace_guards(self):
-        """The namespace's NetworkPolicy, ResourceQuota and LimitRange, as configured, made with its
-        first workstation (one that exists is left as it is: an administrator may have changed it)."""
+        """The namespace's NetworkPolicy, ResourceQuota and LimitRange, as configured, made on every
+        start: a namespace of a workstation from before these settings, or one whose guard was
+        deleted, gets them too. One that exists is left as it is: an administrator may have changed it."""
         wanted = []
         if self.settings.network_policy_from:
             wanted.append((k.NETWORK_POLICY, m.network_policy(self.ident, self.spec.ports,

@@ -204,11 +204,42 @@ def test_a_vm_of_the_hub_mounts_no_foreign_secret_or_host_file(policy, volume):
     assert not update(policy, m.virtual_machine(IDENT, SPEC), vm).allowed
 
 
-def test_the_hub_clones_only_the_golden_images(policy):
+@pytest.mark.parametrize("change", [
+    {"source": {"pvc": {"namespace": "notebook-bob", "name": "bob-rootdisk"}}},
+    {"source": {"snapshot": {"namespace": "notebook-bob", "name": "bob-snap"}}},
+    {"source": {"http": {"url": "https://example.com/evil.qcow2"}}},
+    {"source": None, "sourceRef": {"kind": "DataSource", "namespace": "notebook-bob", "name": "bob"}},
+    {"sourceRef": {"kind": "DataSource", "namespace": "vm-images", "name": "golden"}},
+    {"source": None},
+])
+def test_a_disk_of_the_hub_is_blank_or_a_golden_image(policy, change):
+    """Every DataVolume source but blank and a PVC of the golden images' namespace is refused: a
+    snapshot, another user's disk, a URL, a DataSource (CDI's DataVolumeSpec: source, sourceRef)."""
     dv = m.root_datavolume(IDENT, SPEC)
-    dv["spec"]["source"] = {"pvc": {"namespace": "notebook-bob", "name": "bob-rootdisk"}}
+    for key, value in change.items():
+        if value is None:
+            dv["spec"].pop(key)
+        else:
+            dv["spec"][key] = value
     verdict = create(policy, dv)
-    assert not verdict.allowed and "only from the golden images' namespace vm-images" in verdict.message
+    assert not verdict.allowed and "blank or cloned from the golden images' namespace vm-images" in verdict.message
+
+
+@pytest.mark.parametrize("change", [
+    {"dataVolumeTemplates": [{"metadata": {"name": "x"}, "spec": {"source": {"pvc": {"namespace": "notebook-bob",
+                                                                                    "name": "bob-rootdisk"}}}}]},
+    {"template.accessCredentials": [{"sshPublicKey": {"source": {"secret": {"secretName": "db-credentials"}},
+                                                      "propagationMethod": {"qemuGuestAgent": {"users": ["root"]}}}}]},
+])
+def test_a_vm_of_the_hub_brings_no_disks_or_credentials_of_its_own(policy, change):
+    vm = m.virtual_machine(IDENT, SPEC)
+    [(key, value)] = change.items()
+    if key.startswith("template."):
+        vm["spec"]["template"]["spec"][key.split(".")[1]] = value
+    else:
+        vm["spec"][key] = value
+    verdict = create(policy, vm)
+    assert not verdict.allowed and "no dataVolumeTemplates and no accessCredentials" in verdict.message
 
 
 def test_a_request_the_policy_cannot_read_is_refused(policy):

@@ -808,7 +808,7 @@ async def test_a_reset_installs_the_golden_image_configured_now(env):
         assert f.read() == "v2\n"
 
 
-async def test_a_users_namespace_gets_its_network_policy_quota_and_limits_with_the_first_workstation(env):
+async def test_a_users_namespace_gets_its_network_policy_quota_and_limits_when_a_workstation_starts(env):
     peers = ({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "jupyterhub"}},
               "podSelector": {"matchExpressions": [{"key": "component", "operator": "In",
                                                     "values": ["hub", "proxy"]}]}},)
@@ -842,6 +842,12 @@ async def test_a_users_namespace_gets_its_network_policy_quota_and_limits_with_t
     # none of them without the settings
     plain = workstation(env, "otto")
     await plain.start({"JUPYTERHUB_API_TOKEN": "t3"}, [])
-    assert http(env.sim).get(f"{env.sim.url}/api/v1/namespaces/{plain.ident.namespace}/resourcequotas").json()[
-        "items"] == []
+    quotas = f"{env.sim.url}/api/v1/namespaces/{plain.ident.namespace}/resourcequotas"
+    assert http(env.sim).get(quotas).json()["items"] == []
     await plain.stop()
+    # ... and that workstation, started again once the hub has them, gets them then
+    again = Workstation(env.kube, env.caches, plain.ident, m.MachineSpec(), Settings(url_mode="cluster-ip", **guards),
+                        LOG)
+    await again.start({"JUPYTERHUB_API_TOKEN": "t4"}, [])
+    assert [q["spec"]["hard"] for q in http(env.sim).get(quotas).json()["items"]] == [{"requests.storage": "200Gi"}]
+    await again.stop()
