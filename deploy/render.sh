@@ -2,7 +2,7 @@
 # Fills deploy/settings.env (or another settings file) into deploy/'s manifests: every YAML file
 # under rbac/, host/, cluster/, jupyterhub/ and guardrails/, written to the same place under the
 # output directory (default deploy/rendered/). Only the settings' ${NAMES} are replaced; a setting
-# that is missing or empty stops it before anything is written.
+# that is missing or empty (GPU_DEVICES may be empty) stops it before anything is written.
 #
 #   deploy/render.sh                       # deploy/settings.env -> deploy/rendered/
 #   deploy/render.sh --settings prod.env --out /tmp/prod
@@ -38,6 +38,8 @@ set -a
 set +a
 missing=()
 for name in "${names[@]}"; do
+  # (GPU_DEVICES may be empty: a cluster without GPU passthrough; it must still be set)
+  if [ "$name" = GPU_DEVICES ]; then [ -n "${GPU_DEVICES+set}" ] || missing+=("$name"); continue; fi
   [ -n "${!name:-}" ] || missing+=("$name")
 done
 if [ ${#missing[@]} -gt 0 ]; then

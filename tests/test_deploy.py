@@ -163,6 +163,25 @@ def test_render_refuses_bad_settings_and_writes_nothing(tmp_path):
     assert done.returncode == 2 and "does not set STORAGE_CLASS" in done.stderr
 
 
+def test_a_cluster_without_gpus_and_with_a_numeric_ceph_id(tmp_path, monkeypatch):
+    """GPU_DEVICES="" renders no permitted devices and no GPU profile; a Ceph cluster ID of digits
+    stays a string (StorageClass parameters are map[string]string)."""
+    from kubevirt_spawner.spawner import KubeVirtSpawner
+    file = tmp_path / "cpu.env"
+    file.write_text(re.sub(r"(?m)^GPU_DEVICES=.*$", 'GPU_DEVICES=""', (DEPLOY / "settings.env").read_text())
+                    .replace("CEPH_CLUSTER_ID=b9127830-b0cc-4e34-aa47-9d1a2e9949a8", "CEPH_CLUSTER_ID=1234"))
+    done = render(tmp_path / "out", file)
+    assert done.returncode == 0, done.stderr
+    kv = yaml.safe_load((tmp_path / "out" / "cluster" / "kubevirt-cr.yaml").read_text())
+    assert kv["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"] == []
+    storage = list(yaml.safe_load_all((tmp_path / "out" / "cluster" / "storage.yaml").read_text()))
+    assert [doc["parameters"]["clusterID"] for doc in storage] == ["1234"] * 3
+    values = yaml.safe_load((tmp_path / "out" / "jupyterhub" / "values.yaml").read_text())
+    spawner = KubeVirtSpawner(config=as_the_chart_runs_it(values, {"POD_NAMESPACE": "jupyterhub"}, monkeypatch))
+    assert [p["slug"] for p in spawner._profiles()] == ["cpu-4"]
+    assert not any("nvidia" in key for key in spawner.namespace_resource_quota)
+
+
 def test_settings_reach_the_manifests(tmp_path):
     settings = (DEPLOY / "settings.env").read_text()
     file = tmp_path / "site.env"
@@ -287,6 +306,7 @@ def test_the_hub_image_and_the_values_agree_with_the_hub_config(rendered, monkey
     assert policy["ingress"] == [{"ports": [{"port": port, "protocol": "TCP"}],
                                   "from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": label}}]}]
     assert values["cull"]["enabled"] is False
+    assert values["hub"]["labels"].items() >= label.items()  # the hub checks the service's health there
     assert values["rbac"]["create"] is False  # the chart's Role (pods, Secrets) is KubeSpawner's
     # a user's namespace admits the chart's hub and proxy pods of the hub's namespace only
     (peer,) = c.KubeVirtSpawner.network_policy_ingress_from

@@ -44,13 +44,19 @@ def test_a_gpu_pool_node_gets_the_labels_and_the_taint(kubectl_env):
 
 def test_a_node_with_other_workloads_is_refused_and_nothing_changes(kubectl_env, tmp_path):
     pod = tmp_path / "pod.yaml"
-    pod.write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: trainer, namespace: default}\n"
-                   "spec:\n  nodeName: container-gpu-1\n  containers: [{name: main, image: busybox}]\n")
+    # a bare pod (no owner) is another workload; a static pod's mirror (owned by its Node, the
+    # kubelet's pkg/kubelet/pod/mirror_client.go) and a labelled one owned by a DaemonSet are not
+    pod.write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: trainer, namespace: default, labels: {team: ml}}\n"
+                   "spec:\n  nodeName: container-gpu-1\n  containers: [{name: main, image: busybox}]\n---\n"
+                   "apiVersion: v1\nkind: Pod\nmetadata:\n  name: kube-proxy-container-gpu-1\n"
+                   "  namespace: kube-system\n  ownerReferences: [{apiVersion: v1, kind: Node, "
+                   "name: container-gpu-1, uid: 00000000-0000-0000-0000-000000000001, controller: true}]\n"
+                   "spec:\n  nodeName: container-gpu-1\n  containers: [{name: kube-proxy, image: kube-proxy}]\n")
     subprocess.run(["kubectl", "apply", "-f", str(pod)], env=kubectl_env, check=True, capture_output=True)
     before = node(kubectl_env, "vm-cpu-2")["metadata"]["labels"]
     done = label_nodes(kubectl_env, "--pool", "vm-cpu", "vm-cpu-2", "container-gpu-1")
     assert done.returncode == 1
-    assert "container-gpu-1 still runs other workloads: default/trainer" in done.stderr
+    assert "container-gpu-1 still runs other workloads: default/trainer\n" in done.stderr
     assert "no node was changed" in done.stderr
     assert node(kubectl_env, "vm-cpu-2")["metadata"]["labels"] == before  # checked all before changing any
     forced = label_nodes(kubectl_env, "--pool", "vm-cpu", "--force", "container-gpu-1")

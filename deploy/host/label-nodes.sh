@@ -51,11 +51,13 @@ fi
 NODE_LABEL="${KUBEVIRT_NODE_LABEL:-workload.example.com/kubevirt}"
 MODE_LABEL="${ACCELERATOR_LABEL:-accelerator.example.com/mode}"
 
-# Pods that may stay: DaemonSets' (they run on every node) and KubeVirt's own launchers.
+# Pods that may stay: DaemonSets' (they run on every node), the node's static pods (their mirror
+# pods' owner is the Node) and KubeVirt's own launchers. Tab-separated: a pod without an owner or
+# label leaves its field empty.
 other_workloads() {
   kubectl get pods --all-namespaces --field-selector "spec.nodeName=$1,status.phase!=Succeeded,status.phase!=Failed" \
-    -o jsonpath='{range .items[*]}{.metadata.namespace}/{.metadata.name} {.metadata.ownerReferences[0].kind} {.metadata.labels.kubevirt\.io}{"\n"}{end}' |
-    awk '$2 != "DaemonSet" && $3 != "virt-launcher" && NF { print $1 }'
+    -o jsonpath='{range .items[*]}{.metadata.namespace}/{.metadata.name}{"\t"}{.metadata.ownerReferences[0].kind}{"\t"}{.metadata.labels.kubevirt\.io}{"\n"}{end}' |
+    awk -F '\t' '$1 != "" && $2 != "DaemonSet" && $2 != "Node" && $3 != "virt-launcher" { print $1 }'
 }
 
 refused=0
