@@ -186,7 +186,7 @@ def test_the_runbook_runs_against_the_simulator(cluster, tmp_path):
     # the first workstation, its launcher pod, and its Service's EndpointSlice with the pod's address
     assert "virt-launcher-alice-workstation-" in out("kubectl -n notebook-alice get pods -l kubevirt.io=virt-launcher")
     slice_table = out("kubectl -n notebook-alice get endpointslice -l kubernetes.io/service-name=alice-notebook")
-    assert re.search(r"alice-notebook-\w{5}\s+IPv4", slice_table), slice_table
+    assert re.search(r"alice-notebook-\w{5}\s+IPv4\s+22,8080,8888\s+\d+\.\d+\.\d+\.\d+\s", slice_table), slice_table
     guards = out("kubectl -n notebook-alice get networkpolicy,resourcequota,limitrange")
     assert "networkpolicy.networking.k8s.io/kubevirt-spawner" in guards and "limitrange/kubevirt-spawner" in guards
     assert "alice-first" in out("kubectl -n notebook-alice get vmsnapshot")

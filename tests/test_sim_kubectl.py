@@ -155,3 +155,19 @@ def test_a_bound_claim_has_a_volume_that_its_reclaim_policy_keeps_or_deletes(kub
     assert table.split("\n")[0].split()[:5] == ["NAME", "CAPACITY", "RECLAIM", "POLICY", "STATUS"]
     assert "Released" in table
     kubectl("delete", "namespace", "pv-test")
+
+
+def test_a_service_without_endpoints_has_the_placeholder_slice(kubectl):
+    """kube-controller-manager's endpointslice reconciler keeps one placeholder slice, without ports
+    or endpoints, for a Service that selects nothing (staging/src/k8s.io/endpointslice/
+    reconciler.go); kubectl prints both as <unset> (pkg/printers/internalversion/printers.go
+    listWithMoreString)."""
+    kubectl("create", "namespace", "slices")
+    kubectl("apply", "-f", "-", stdin="apiVersion: v1\nkind: Service\nmetadata: {name: nobody, namespace: slices}\n"
+                                      "spec:\n  selector: {app: nothing}\n  ports: [{name: http, port: 80}]\n")
+    wait_for(lambda: "nobody-" in kubectl("get", "endpointslice", "-n", "slices").stdout)
+    [row] = kubectl("get", "endpointslice", "-n", "slices", "--no-headers").stdout.splitlines()
+    assert row.split()[1:4] == ["IPv4", "<unset>", "<unset>"], row
+    [item] = json.loads(kubectl("get", "endpointslice", "-n", "slices", "-o", "json").stdout)["items"]
+    assert item.get("ports") is None and item.get("endpoints") is None
+    kubectl("delete", "namespace", "slices")

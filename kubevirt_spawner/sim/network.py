@@ -72,8 +72,9 @@ class Network:
         labels = {k: v for k, v in (svc["metadata"].get("labels") or {}).items()
                   if k not in (SERVICE_NAME_LABEL, SLICE_MANAGED_BY)}
         labels.update({SERVICE_NAME_LABEL: name, SLICE_MANAGED_BY: SLICE_CONTROLLER})
-        # (empty lists come back as null from the API server's storage)
-        wanted = {"addressType": "IPv4", "endpoints": endpoints or None, "ports": ports or None}
+        # (empty lists come back as null from the API server's storage; a Service without
+        # endpoints has the placeholder slice, which has no ports either: reconciler.go)
+        wanted = {"addressType": "IPv4", "endpoints": endpoints or None, "ports": (ports or None) if endpoints else None}
         existing = self._slices(ns, name)
         for extra in existing[1:]:
             self.store.delete(ENDPOINT_SLICE, ns, extra["metadata"]["name"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -11,6 +12,22 @@ class Column:
     json_path: str  # dotted path into the object, e.g. "status.phase"
     type: str = "string"
     priority: int = 0
+    # how kubectl's printer shows the value, when not as it is (pkg/printers/internalversion)
+    render: Callable[[object], object] | None = None
+
+
+def _first_three(items: list[str]) -> str:
+    """listWithMoreString in pkg/printers/internalversion/printers.go."""
+    shown = ",".join(items[:3])
+    return f"{shown} + {len(items) - 3} more..." if len(items) > 3 else (shown or "<unset>")
+
+
+def _slice_ports(ports) -> str:
+    return _first_three([str(p["port"]) if p.get("port") is not None else p.get("name") or "*" for p in ports or []])
+
+
+def _slice_endpoints(endpoints) -> str:
+    return _first_three([address for e in endpoints or [] for address in e.get("addresses") or []])
 
 
 @dataclass(frozen=True)
@@ -112,7 +129,8 @@ RESOURCE_TYPES: tuple[ResourceType, ...] = (
                           Column("StorageCapacity", "spec.storageCapacity", "boolean"),
                           Column("Modes", "spec.volumeLifecycleModes"), _AGE)),
     ResourceType("discovery.k8s.io", ("v1",), "EndpointSlice", "endpointslices",
-                 columns=(Column("AddressType", "addressType"), _AGE)),
+                 columns=(Column("AddressType", "addressType"), Column("Ports", "ports", render=_slice_ports),
+                          Column("Endpoints", "endpoints", render=_slice_endpoints), _AGE)),
     ResourceType("apps", ("v1",), "DaemonSet", "daemonsets", short_names=("ds",), categories=("all",),
                  subresources=("status",), columns=(_AGE,)),
     ResourceType("admissionregistration.k8s.io", ("v1",), "ValidatingAdmissionPolicy",

@@ -40,6 +40,8 @@ def table(rt: ResourceType, objects: list[dict], list_meta: dict) -> dict:
         cells = [obj["metadata"]["name"]]
         for c in rt.columns:
             value = column_value(obj, c.json_path)
+            if c.render is not None:
+                value = c.render(value)
             if c.type == "date" and value:
                 value = _age(value)
             cells.append("<none>" if value is None and c.type == "string" else value)
