@@ -103,7 +103,7 @@ def test_kubevirt_and_cdi_objects_validate_against_the_upstream_schemas(rendered
 def test_the_other_crds_follow_their_upstream_rules(rendered):
     """VolumeSnapshotClass (kubernetes-csi/external-snapshotter client/config/crd/
     snapshot.storage.k8s.io_volumesnapshotclasses.yaml), HTTPRoute (gateway-api v1),
-    PrometheusRule (prometheus-operator monitoring.coreos.com/v1)."""
+    PrometheusRule and ServiceMonitor (prometheus-operator monitoring.coreos.com/v1)."""
     kinds = {}
     for _rel, doc in manifests(rendered):
         kinds.setdefault(doc["kind"], []).append(doc)
@@ -115,6 +115,11 @@ def test_the_other_crds_follow_their_upstream_rules(rendered):
         for rule in route["spec"]["rules"]:
             assert all(m["path"]["type"] in ("Exact", "PathPrefix", "RegularExpression") for m in rule["matches"])
             assert all(set(b) <= {"name", "namespace", "port", "kind", "group", "weight"} for b in rule["backendRefs"])
+    for monitor in kinds.pop("ServiceMonitor"):
+        assert set(monitor["spec"]) <= {"selector", "endpoints", "namespaceSelector", "jobLabel"}
+        for endpoint in monitor["spec"]["endpoints"]:
+            assert set(endpoint) <= {"port", "path", "interval", "scheme", "bearerTokenSecret", "authorization"}
+            assert re.fullmatch(r"(\d+[smh])+", endpoint["interval"])
     alerts: set[str] = set()
     for rules in kinds.pop("PrometheusRule"):
         for group in rules["spec"]["groups"]:
@@ -212,8 +217,12 @@ def as_the_chart_runs_it(values: dict, env: dict, monkeypatch) -> Config:
     c.JupyterHub.spawner_class = "kubespawner.KubeSpawner"
     c.JupyterHub.hub_connect_url = "http://hub:8081"
     c.JupyterHub.db_url = "postgresql://hub@db.example/jupyterhub"
-    c.JupyterHub.services = [{"name": "grafana", "url": "http://grafana:3000", "api_token": "t"}]
-    c.JupyterHub.load_roles = [{"name": "user", "scopes": ["self", "read:metrics"]}]
+    # hub.services and hub.loadRoles, a site's own and the values', as the chart lists them
+    c.JupyterHub.services = [{"name": "grafana", "url": "http://grafana:3000", "api_token": "t"}] + [
+        {**service, "name": name, "api_token": f"generated-{name}"}
+        for name, service in values["hub"].get("services", {}).items()]
+    c.JupyterHub.load_roles = [{"name": "user", "scopes": ["self", "read:metrics"]}] + [
+        {**role, "name": name} for name, role in values["hub"].get("loadRoles", {}).items()]
     dockerfile = (DEPLOY / "jupyterhub" / "hub-image" / "Dockerfile").read_text()
     copied = re.search(r"^COPY hub-config/kubevirt_spawner_config.py (\S+)$", dockerfile, re.M).group(1)
     namespace = {"c": c, "open": lambda path, *a: open(FRAGMENT if path == copied else path, *a)}
@@ -228,8 +237,18 @@ def test_the_config_adds_to_the_charts_services_and_roles(rendered, monkeypatch)
     hub by its full DNS name (the chart's hub_connect_url is the short `hub`)."""
     values = yaml.safe_load((rendered / "jupyterhub" / "values.yaml").read_text())
     c = as_the_chart_runs_it(values, {"POD_NAMESPACE": "jupyterhub"}, monkeypatch)
-    assert [s["name"] for s in c.JupyterHub.services] == ["grafana", SERVICE_NAME, "idle-culler"]
-    assert [r["name"] for r in c.JupyterHub.load_roles] == ["user", "workstations-service", "idle-culler"]
+    assert [s["name"] for s in c.JupyterHub.services] == ["grafana", "prometheus", SERVICE_NAME, "idle-culler"]
+    assert [r["name"] for r in c.JupyterHub.load_roles] == ["user", "workstations-metrics", "workstations-service",
+                                                            "idle-culler"]
+    # Prometheus' token reads the metrics, as the ServiceMonitor sends it, and can do nothing else
+    [metrics] = [r for r in c.JupyterHub.load_roles if r["name"] == "workstations-metrics"]
+    assert metrics["scopes"] == ["read:metrics", f"access:services!service={SERVICE_NAME}"]
+    assert metrics["services"] == ["prometheus"]
+    [monitor] = yaml.safe_load_all((rendered / "guardrails" / "servicemonitor.yaml").read_text())
+    [endpoint] = monitor["spec"]["endpoints"]
+    assert endpoint["bearerTokenSecret"] == {"name": "hub", "key": "hub.services.prometheus.apiToken"}
+    assert endpoint["port"] == values["hub"]["service"]["extraPorts"][0]["name"]
+    assert endpoint["path"] == f"/services/{SERVICE_NAME}/metrics"
     assert c.JupyterHub.db_url == "postgresql://hub@db.example/jupyterhub"
     assert c.JupyterHub.spawner_class == "kubevirt"
     assert c.JupyterHub.hub_connect_url == "http://hub.jupyterhub.svc.cluster.local:8081"

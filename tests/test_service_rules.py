@@ -125,3 +125,13 @@ async def test_keepalives_are_reported_until_they_end_and_survive_a_stop_meanwhi
     assert len([c for c in hub.calls if c[0] == "ended"]) == 1
     assert ("renewed", "") in core._keepalives and ("stopped", "") not in core._keepalives
     assert len([c for c in hub.calls if c[0] == "broken"]) > 1  # tried again at every interval
+
+
+def test_the_operations_the_alerts_watch_are_counted_from_zero():
+    """deploy/guardrails/prometheus-rules.yaml alerts on increase(workstations_operations_total
+    {result="failed"}); increase() needs a sample before the first failure (Prometheus'
+    promql/functions.go extrapolatedRate works on the samples in the range), so the series start at 0."""
+    from prometheus_client import generate_latest
+    text = generate_latest(Workstations(hub=None).registry).decode()
+    for kind in ("snapshot", "restore", "reset"):
+        assert f'workstations_operations_total{{kind="{kind}",result="failed"}} 0.0' in text

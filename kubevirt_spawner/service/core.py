@@ -44,6 +44,8 @@ class Caller:
     admin: bool
     # A server's own token: the workstations ("user/server") it may act on; None: all of the user's.
     servers: frozenset[str] | None = None
+    # JupyterHub's read:metrics scope (a monitoring service's token reads the metrics, nothing more)
+    reads_metrics: bool = False
 
     def may_act_on(self, user: str, server: str) -> bool:
         if self.admin:
@@ -119,6 +121,11 @@ class Workstations(LoggingConfigurable):
         self.registry = CollectorRegistry()
         self.m_operations = Counter("workstations_operations", "Operations by kind and result",
                                     ["kind", "result"], registry=self.registry)
+        # The series the alerts watch exist from the start, at 0: Prometheus' increase() cannot see
+        # a series' first sample as an increase, so a first failure would otherwise go unnoticed.
+        for kind in ("snapshot", "restore", "reset"):
+            for result in ("succeeded", "failed", "refused"):
+                self.m_operations.labels(kind, result)
         self.m_durations = Histogram("workstations_operation_seconds", "How long operations took", ["kind"],
                                      buckets=(1, 5, 15, 60, 300, 900, 1800, 3600), registry=self.registry)
         self.m_snapshots = Gauge("workstations_snapshots", "Snapshots per user", ["user"], registry=self.registry)

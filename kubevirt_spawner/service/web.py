@@ -56,9 +56,11 @@ class Base(HubOAuthenticated, web.RequestHandler):
         # hub's browser session (the OAuth cookie) stands for the user with all their rights.
         by_token = bool(getattr(self, "_token_authenticated", False))
         admin = bool(model.get("admin")) and (not by_token or "admin:servers" in scopes)
+        metrics = "read:metrics" in scopes
         if model.get("kind") == "service":
-            return Caller(f"service:{model['name']}", "admin:servers" in scopes)
-        return Caller(model["name"], admin, _own_servers(model["name"], scopes) if by_token else None)
+            return Caller(f"service:{model['name']}", "admin:servers" in scopes, reads_metrics=metrics)
+        return Caller(model["name"], admin, _own_servers(model["name"], scopes) if by_token else None,
+                      reads_metrics=metrics)
 
     def body(self) -> dict:
         if not self.request.body:
@@ -182,8 +184,8 @@ class Metrics(Api):
     async def get(self):
         async def work():
             caller = self.caller()
-            if not caller.admin:
-                raise ServiceError(403, "Only administrators read the metrics.")
+            if not (caller.admin or caller.reads_metrics):
+                raise ServiceError(403, "Only administrators and tokens with the scope read:metrics read the metrics.")
             self.core.refresh_metrics()
             return None
         try:

@@ -142,6 +142,8 @@ RESOURCE_TYPES: tuple[ResourceType, ...] = (
     # The Prometheus Operator's CRD (monitoring.coreos.com), for the deployment's alerts.
     ResourceType("monitoring.coreos.com", ("v1",), "PrometheusRule", "prometheusrules", short_names=("promrule",),
                  columns=(_AGE,)),
+    ResourceType("monitoring.coreos.com", ("v1",), "ServiceMonitor", "servicemonitors", short_names=("smon",),
+                 columns=(_AGE,)),
     # KubeVirt's and CDI's operator CRs (pkg/virt-operator/resource/generate/components/crds.go,
     # CDI's pkg/operator/resources/crds_generated.go).
     ResourceType("kubevirt.io", ("v1",), "KubeVirt", "kubevirts", short_names=("kv", "kvs"), categories=("all",),

@@ -468,6 +468,14 @@ def test_metrics_count_operations_snapshots_and_full_disks(hub, tokens):
     assert re.search(r'^workstations_operations_total\{kind="snapshot",result="refused"\} [1-9]', text, re.M)
     assert not re.search(r'^workstations_operations_total\{kind="snapshot",result="failed"\} [1-9]', text, re.M)
     assert re.search(r'^workstations_snapshots\{user="ivan"\} 2\.0$', text, re.M)  # and the safety one
+    # A monitoring token needs JupyterHub's read:metrics scope (an admin may make one), not admin rights.
+    monitoring = hub.api("POST", "/users/admin/tokens", json={
+        "note": "prometheus", "scopes": ["read:metrics", "access:services!service=workstations"]})
+    assert monitoring.status_code == 201, monitoring.text
+    assert Client(hub, monitoring.json()["token"]).call("GET", "metrics").status_code == 200
+    r = ivan.call("GET", "metrics")
+    assert (r.status_code, r.json()) == (403, {"error": "Only administrators and tokens with the scope read:metrics "
+                                                         "read the metrics."})
     assert re.search(r"^workstations_disks_above_85_percent 0\.0$", text, re.M)
     assert "workstations_operation_seconds_bucket" in text
 
