@@ -170,6 +170,11 @@ def test_the_hub_cannot_act_in_someone_elses_namespace(policy):
     unlabelled = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "notebook-eve"}}
     verdict = create(policy, unlabelled)
     assert not verdict.allowed and "may only create namespaces of kubevirt-spawner" in verdict.message
+    # nor one that is not a user's, even labelled as the hub labels its own
+    system = copy.deepcopy(MANAGED_NS)
+    system["metadata"]["name"] = system["metadata"]["labels"]["kubernetes.io/metadata.name"] = "kube-system"
+    verdict = create(policy, system)
+    assert not verdict.allowed and "only make namespaces named notebook-..., not kube-system" in verdict.message
 
 
 def test_the_hub_cannot_touch_objects_that_are_not_its_own(policy):
