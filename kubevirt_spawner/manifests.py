@@ -322,6 +322,12 @@ def retained_patch(retain_until: str) -> dict:
                          "annotations": {ANNOTATION_RETAIN_UNTIL: retain_until}}}
 
 
+def reclaim_patch(policy: str) -> dict:
+    """Merge patch of a PersistentVolume's reclaim policy: Delete before the hub deletes its claim on
+    purpose (the storage class keeps volumes, Retain, against mistakes), Retain to undo that."""
+    return {"spec": {"persistentVolumeReclaimPolicy": policy}}
+
+
 def unretained_patch() -> dict:
     """Merge patch that removes the retained marks from a disk that is in use again."""
     return {"metadata": {"labels": {LABEL_RETAINED: None}, "annotations": {ANNOTATION_RETAIN_UNTIL: None}}}

@@ -670,7 +670,11 @@ class Workstation:
             # Made once: KubeVirt's webhook refuses a second restore of the VM while one is not
             # complete (pkg/storage/admitters/vmrestore.go), even one of the same name, before the
             # API server could say it exists.
+            # In place, KubeVirt deletes the disks it replaces (pkg/storage/snapshot/restore.go):
+            # their volumes go with them. A restore that fails gives them back their policy.
+            replaced = self._claims()
             if not await self._restore_object(restore_name):
+                await self.set_reclaim_policy(replaced)
                 await self.kube.create(k.RESTORE, m.virtual_machine_restore(self.ident, snap["object"], restore_name))
                 self.log.info("restoring snapshot %s (%s)", name, restore_name)
             deadline = time.monotonic() + timeout
@@ -680,6 +684,7 @@ class Workstation:
                 if status.get("complete"):
                     self.log.info("restored snapshot %s", name)
                     await self._restored(restore_name)
+                    await self._keep_surviving(replaced)  # (a disk the snapshot did not have)
                     return current
                 failure = condition(current, "Failure")
                 if failure.get("status") == "True":
@@ -687,6 +692,7 @@ class Workstation:
                     # A failed restore stays incomplete, and KubeVirt refuses any other restore of the
                     # VM while it exists (pkg/storage/admitters/vmrestore.go): it goes.
                     await self.kube.delete(k.RESTORE, self.ident.namespace, restore_name)
+                    await self._keep_surviving(replaced)
                     raise WorkstationError(f"Restoring the snapshot {name} failed ({why}); nothing was changed "
                                            "that a new restore cannot put right.", reason="restore-failed",
                                            status_code=500)
@@ -695,6 +701,11 @@ class Workstation:
                                            "seconds; it may still. Ask your administrator to look at "
                                            f"VirtualMachineRestore {restore_name}.", reason="timeout", status_code=504)
                 await asyncio.sleep(1.0)
+
+    async def _keep_surviving(self, replaced: list[dict]):
+        """The claims a restore did not replace after all keep their volumes against mistakes again."""
+        uids = {c["metadata"]["uid"] for c in replaced}
+        await self.set_reclaim_policy([c for c in self._claims() if c["metadata"]["uid"] in uids], "Retain")
 
     async def _restored(self, restore_name: str):
         """After a restore: the VM has the snapshot's spec but still the current spec's hash, so
@@ -708,6 +719,27 @@ class Workstation:
         found = await self.kube.list(k.RESTORE, self.ident.namespace, field_selector=f"metadata.name={name}")
         return next(iter(found.get("items") or []), None)
 
+    def _claims(self) -> list[dict]:
+        """The machine's disks' claims (system, and workspace when it has one)."""
+        names_ = (self.ident.rootdisk, self.ident.workspace)
+        return [c for c in (self.caches.pvcs.get(self.ident.namespace, n) for n in names_) if c is not None]
+
+    async def set_reclaim_policy(self, claims: list[dict], policy: str = "Delete"):
+        """Set the reclaim policy of the volumes bound to `claims`: Delete before the hub deletes
+        them on purpose (a reset, a purge, a restore in place), so that their RBD images go too
+        instead of staying Released under the storage class's Retain."""
+        for claim in claims:
+            volume = field_value(claim, "spec.volumeName")
+            if not volume:
+                continue  # never bound: no volume holds data
+            try:
+                await self.kube.patch(k.PV, None, volume, m.reclaim_patch(policy))
+            except k.KubeError as err:
+                if not err.not_found:
+                    raise
+            else:
+                self.log.info("volume %s of %s: reclaim policy %s", volume, claim["metadata"]["name"], policy)
+
     async def delete_root_disk(self, timeout: float = 300.0):
         """Delete the system disk (its DataVolume and PVC) of a stopped machine and wait until both are
         gone. Only a system reset does this; the workspace disk is never touched."""
@@ -717,6 +749,8 @@ class Workstation:
                 raise WorkstationError("Your workstation must be stopped before its system disk is replaced.",
                                        reason="running", status_code=409)
             ident = self.ident
+            if self.rootdisk_pvc is not None:
+                await self.set_reclaim_policy([self.rootdisk_pvc])
             for kind in (k.DV, k.PVC):
                 if await self.kube.delete(kind, ident.namespace, ident.rootdisk):
                     self.log.info("deleted %s %s", kind.kind, ident.rootdisk)

@@ -36,7 +36,8 @@ RESOURCES = {"Namespace": ("", "v1", "namespaces"), "Secret": ("", "v1", "secret
              "VirtualMachineRestore": ("snapshot.kubevirt.io", "v1beta1", "virtualmachinerestores"),
              "Pod": ("", "v1", "pods"), "ResourceQuota": ("", "v1", "resourcequotas"),
              "LimitRange": ("", "v1", "limitranges"),
-             "NetworkPolicy": ("networking.k8s.io", "v1", "networkpolicies")}
+             "NetworkPolicy": ("networking.k8s.io", "v1", "networkpolicies"),
+             "PersistentVolume": ("", "v1", "persistentvolumes")}
 
 
 @dataclasses.dataclass
@@ -252,3 +253,31 @@ def test_a_request_the_policy_cannot_read_is_refused(policy):
     secret = m.env_secret(IDENT, {}, [])
     verdict = policy.admit(request("CREATE", secret), secret, None, None)
     assert not verdict.allowed
+
+
+def volume(namespace: str, policy: str = "Retain") -> dict:
+    """A volume as the CSI external-provisioner makes it for a claim (cluster-scoped, unlabelled)."""
+    return {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "pvc-1234"},
+            "spec": {"capacity": {"storage": "150Gi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": "ceph-rbd",
+                     "persistentVolumeReclaimPolicy": policy, "volumeMode": "Block",
+                     "claimRef": {"kind": "PersistentVolumeClaim", "namespace": namespace, "name": "alice-rootdisk",
+                                  "uid": "u1"},
+                     "csi": {"driver": "rbd.csi.ceph.com", "volumeHandle": "0001-x"}}}
+
+
+def test_the_hub_changes_only_the_reclaim_policy_of_users_volumes(policy):
+    """Before deleting a disk on purpose the hub sets its volume to Delete (and back to Retain after
+    a failed restore); nothing else of a volume, no volume of another namespace, no new volume."""
+    mine = volume(IDENT.namespace)
+    for old, new in ((mine, volume(IDENT.namespace, "Delete")), (volume(IDENT.namespace, "Delete"), mine)):
+        assert policy.admit(request("UPDATE", new), new, old, None) == Verdict(True, True)
+    foreign = volume("payroll")
+    rebound = copy.deepcopy(mine)
+    rebound["spec"]["claimRef"] = {**rebound["spec"]["claimRef"], "namespace": "notebook-eve", "name": "stolen"}
+    grown = volume(IDENT.namespace, "Delete")
+    grown["spec"]["capacity"] = {"storage": "1Ti"}
+    for old, new in ((foreign, volume("payroll", "Delete")), (mine, rebound), (mine, grown)):
+        verdict = policy.admit(request("UPDATE", new), new, old, None)
+        assert not verdict.allowed and "only change the reclaim policy" in verdict.message, new["spec"]["claimRef"]
+    assert not policy.admit(request("CREATE", mine), mine, None, None).allowed
+    assert not policy.admit(request("DELETE", mine), None, mine, None).allowed

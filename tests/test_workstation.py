@@ -25,7 +25,7 @@ from kubevirt_spawner.reflector import Caches
 from kubevirt_spawner.spawner import KubeVirtSpawner
 from kubevirt_spawner.workstation import CloneGate, Settings, Workstation, WorkstationError
 
-from simtools import http, sim_api, start_sim
+from simtools import http, sim_api, start_sim, wait_for
 
 GPU = "nvidia.com/A100-PCIE-40GB"
 GPU_PLACEMENT = dict(node_selector={"accelerator.example.com/mode": "vfio"},
@@ -696,6 +696,34 @@ async def test_restore_puts_the_system_back_in_place_and_the_disk_stays_the_user
     assert [s["name"] for s in ws.snapshots() if s["name"].startswith("before-restore-")]
     assert ws.status() in ("running", "starting")  # started again, as it was running before
     await ws.stop(now=True)
+
+
+def volumes_of(env, namespace: str) -> dict[str, tuple[str, str]]:
+    """The namespace's claims' volumes: name -> (phase, reclaim policy)."""
+    items = http(env.sim).get(f"{env.sim.url}/api/v1/persistentvolumes").json()["items"]
+    return {v["metadata"]["name"]: (v["status"]["phase"], v["spec"]["persistentVolumeReclaimPolicy"])
+            for v in items if v["spec"]["claimRef"]["namespace"] == namespace}
+
+
+async def test_disks_the_hub_deletes_on_purpose_take_their_volumes_with_them(env):
+    """The class keeps a deleted claim's volume, Released, with its RBD image (reclaimPolicy Retain;
+    pkg/controller/volume/persistentvolume/pv_controller.go), against mistakes. A restore in place
+    (KubeVirt deletes the claims it replaces, pkg/storage/snapshot/restore.go) and a reset are no
+    mistakes: the hub sets those volumes to Delete first, and none is left Released."""
+    ws = workstation(env, "vera", m.MachineSpec(workspace_disk_size="10Gi"))
+    await ws.start({}, [])
+    await ws.stop()
+    first = volumes_of(env, ws.ident.namespace)
+    assert sorted(first.values()) == [("Bound", "Retain")] * 2
+    await ws.take_snapshot("clean")
+    await ws.restore_snapshot("clean", "vera-restore")
+    await ws.delete_root_disk()
+    await ws.clone_root_disk()
+    await env.caches.wait_for(lambda: ws.rootdisk_pvc and field_value(ws.rootdisk_pvc, "status.phase") == "Bound", 30,
+                              ws.ident.namespace)
+    now = await asyncio.to_thread(wait_for, lambda: (v := volumes_of(env, ws.ident.namespace)) and
+                                  not set(v) & set(first) and len(v) == 2 and v)
+    assert sorted(now.values()) == [("Bound", "Retain")] * 2  # the new disks are kept against mistakes
 
 
 async def test_reset_clones_a_new_system_disk_and_keeps_the_workspace(env):

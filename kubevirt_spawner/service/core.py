@@ -22,7 +22,7 @@ from ..objects import ROOT_DISK_SERIAL, WORKSPACE_DISK_SERIAL, field_value
 from ..operations import STEP_LABELS, Operation, Operations
 from ..quantity import parse_quantity
 from ..spawner import KubeVirtSpawner
-from ..workstation import Workstation, WorkstationError
+from ..workstation import Workstation, WorkstationError, refusals_explained
 from .hub import Hub, HubError, HubServer
 
 ANNOTATION_DISK_USAGE = m.LABEL_PREFIX + "disk-usage"  # the last usage the guest agent reported
@@ -626,6 +626,10 @@ class Workstations(LoggingConfigurable):
                         for _, obj in kept)
             raise ServiceError(409, f"The disks of {workstation_path(user, server)} are kept until {until}; they can "
                                     "be purged after that.")
+        # Their volumes go with them, RBD images included (the class keeps volumes, Retain, against
+        # mistakes: a purge is no mistake).
+        with refusals_explained(ws.log, "have its disks purged"):
+            await ws.set_reclaim_policy([obj for kind, obj in kept if kind is k.PVC])
         deleted = []
         for kind, obj in kept:
             if await ws.kube.delete(kind, ns, obj["metadata"]["name"]):

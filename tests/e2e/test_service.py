@@ -388,6 +388,25 @@ def test_purge_waits_for_the_end_of_retention(hub, cluster, dave):
     assert namespace_state(cluster, "notebook-dave") == before
     capacity = dave["admin"].ok("GET", "/capacity")
     assert {(d["name"], d["user"]) for d in capacity["retained"]} >= {("dave--old-rootdisk", "dave")}
+    # Once the date has passed (here: moved back), the purge deletes them, and their volumes with
+    # them: the class keeps a deleted claim's volume (Retain) only against mistakes.
+    past = {"metadata": {"annotations": {"kubevirt-spawner.io/retain-until": "2000-01-01T00:00:00Z"}}}
+    volumes = {}
+    for claim in cluster.pvcs("notebook-dave"):
+        if claim["metadata"]["name"].startswith("dave--old-"):
+            volumes[claim["metadata"]["name"]] = claim["spec"]["volumeName"]
+            cluster.core.patch_namespaced_persistent_volume_claim(claim["metadata"]["name"], "notebook-dave", past)
+    for dv in cluster.datavolumes("notebook-dave"):
+        if dv["metadata"]["name"].startswith("dave--old-"):
+            cluster.custom.patch_namespaced_custom_object("cdi.kubevirt.io", "v1beta1", "notebook-dave", "datavolumes",
+                                                          dv["metadata"]["name"], past)
+    assert sorted(volumes) == ["dave--old-rootdisk", "dave--old-workspace"]
+    wait_for(lambda: all(d["retain_until"].startswith("2000") for d in dave["admin"].ok("GET", "/capacity")["retained"]
+                         if d["name"].startswith("dave--old-")), 30, what="the service seeing the new dates")
+    deleted = dave["admin"].ok("POST", "/workstations/dave/servers/old/purge", {"confirm": "dave"})["deleted"]
+    assert "DataVolume/dave--old-rootdisk" in deleted  # (its claim goes with it)
+    wait_for(lambda: not set(volumes.values()) & {v.metadata.name for v in cluster.core.list_persistent_volume().items},
+             30, what="the purged disks' volumes gone")
 
 
 def service_pids(hub: Hub) -> list[int]:
