@@ -20,13 +20,19 @@ GPU, GPU_AUDIO = "0000:3b:00.0", "0000:3b:00.1"
 def fake_host(root: pathlib.Path, *, iommu: bool = True, gpu_driver: str = "vfio-pci",
               audio_driver: str = "vfio-pci", modules: tuple[str, ...] = ("kvm", "kvm_intel", "vhost_net", "tun",
                                                                            "vfio", "vfio_pci", "vfio_iommu_type1"),
-              flags: str = "fpu vme de pse tsc msr pae vmx ept", devices=("kvm", "vhost-net", "net/tun")) -> pathlib.Path:
-    """A host with two CPUs and one A100 (with its audio function) in IOMMU group 42."""
+              flags: str = "fpu vme de pse tsc msr pae vmx ept", devices=("kvm", "vhost-net", "net/tun"),
+              containerd: str | None = "version = 2\n[plugins]\n  [plugins.\"io.containerd.grpc.v1.cri\"]\n"
+                                       "    device_ownership_from_security_context = true\n") -> pathlib.Path:
+    """A host with two CPUs and one A100 (with its audio function) in IOMMU group 42, and containerd
+    set up as CDI's doc/block_cri_ownership_config.md asks."""
     (root / "proc").mkdir(parents=True)
     (root / "proc" / "cpuinfo").write_text("".join(
         f"processor\t: {n}\nvendor_id\t: GenuineIntel\nflags\t\t: {flags}\n\n" for n in range(2)))
     cmdline = "BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro" + (" intel_iommu=on iommu=pt" if iommu else "")
     (root / "proc" / "cmdline").write_text(cmdline + "\n")
+    if containerd is not None:
+        (root / "etc" / "containerd").mkdir(parents=True)
+        (root / "etc" / "containerd" / "config.toml").write_text(containerd)
     for module in modules:
         (root / "sys" / "module" / module).mkdir(parents=True)
     if "kvm_intel" in modules:
@@ -83,7 +89,7 @@ def test_a_ready_passthrough_host_passes_every_check(tmp_path):
         "cpu-virtualisation": ["PASS"], "kvm-modules": ["PASS"], "dev-kvm": ["PASS"], "dev-vhost-net": ["PASS"],
         "dev-net-tun": ["PASS"], "nested-virtualisation": ["PASS"], "virt-host-validate": ["SKIP"],
         "iommu": ["PASS"], "iommu-passthrough": ["PASS"], "vfio-modules": ["PASS"], "gpu-binding": ["PASS"],
-        "iommu-group": ["PASS"], "driver-conflicts": ["PASS"]}, done.stdout
+        "iommu-group": ["PASS"], "driver-conflicts": ["PASS"], "block-device-owner": ["PASS"]}, done.stdout
     assert "0000:3b:00.0 (10de:20b0) is bound to vfio-pci" in done.stdout
     assert "node ready for pool vm-gpu-pci" in done.stdout
 
@@ -159,6 +165,8 @@ def test_a_gpu_bound_to_the_host_driver_fails_and_so_does_its_group(tmp_path):
     ({"modules": ("kvm", "vhost_net", "tun")}, "kvm-modules"),
     ({"devices": ("kvm", "net/tun")}, "dev-vhost-net"),
     ({"devices": ("vhost-net", "net/tun")}, "dev-kvm"),
+    ({"containerd": "version = 2\n[plugins]\n  [plugins.\"io.containerd.grpc.v1.cri\"]\n"
+                    "    # device_ownership_from_security_context = true\n"}, "block-device-owner"),
 ])
 def test_a_cpu_node_fails_each_missing_piece_alone(tmp_path, change, failing):
     done = check(fake_host(tmp_path / "host", **change))
@@ -174,3 +182,18 @@ def test_bad_usage_changes_nothing_and_says_why(tmp_path):
     assert not_a_host.returncode == 2 and "is --root the host's root?" in not_a_host.stderr
     assert "--pool POOL" in subprocess.run(["bash", str(SCRIPT), "--help"], capture_output=True, text=True,
                                            check=True).stdout
+
+
+def test_the_runtimes_block_device_ownership_is_read_where_it_is_set(tmp_path):
+    """CRI-O in a drop-in (crio.conf.d), containerd 2's section: both pass; no runtime config on
+    the node (another runtime, or not mounted) is a warning to check by hand."""
+    crio = fake_host(tmp_path / "crio", containerd=None)
+    (crio / "etc" / "crio" / "crio.conf.d").mkdir(parents=True)
+    (crio / "etc" / "crio" / "crio.conf.d" / "10-kubevirt.conf").write_text(
+        "[crio.runtime]\ndevice_ownership_from_security_context = true\n")
+    assert rows(check(crio).stdout)["block-device-owner"] == ["PASS"]
+    two = fake_host(tmp_path / "containerd2", containerd='version = 3\n[plugins."io.containerd.cri.v1.runtime"]\n'
+                                                         "  device_ownership_from_security_context = true\n")
+    assert rows(check(two).stdout)["block-device-owner"] == ["PASS"]
+    unknown = check(fake_host(tmp_path / "unknown", containerd=None))
+    assert unknown.returncode == 0 and rows(unknown.stdout)["block-device-owner"] == ["WARN"], unknown.stdout

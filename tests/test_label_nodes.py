@@ -30,6 +30,9 @@ def node(env, name: str) -> dict:
 
 
 def test_a_gpu_pool_node_gets_the_labels_and_the_taint(kubectl_env):
+    """... and, drained (cordoned) for the pool, takes pods again: the taint keeps others away."""
+    subprocess.run(["kubectl", "cordon", "vm-gpu-pci-1"], env=kubectl_env, check=True, capture_output=True)
+    assert node(kubectl_env, "vm-gpu-pci-1")["spec"]["unschedulable"] is True
     done = label_nodes(kubectl_env, "--pool", "vm-gpu-pci", "vm-gpu-pci-1")
     assert done.returncode == 0, done.stderr
     labelled = node(kubectl_env, "vm-gpu-pci-1")
@@ -37,6 +40,7 @@ def test_a_gpu_pool_node_gets_the_labels_and_the_taint(kubectl_env):
     assert labelled["metadata"]["labels"]["accelerator.example.com/mode"] == "vfio"
     taints = [t for t in labelled["spec"]["taints"] if t["key"] == "workload.example.com/kubevirt"]
     assert taints == [{"key": "workload.example.com/kubevirt", "value": "true", "effect": "NoSchedule"}]
+    assert not labelled["spec"].get("unschedulable")
     # run again: nothing changes, nothing fails (the taint is overwritten, not doubled)
     assert label_nodes(kubectl_env, "--pool", "vm-gpu-pci", "vm-gpu-pci-1").returncode == 0
     assert node(kubectl_env, "vm-gpu-pci-1")["spec"]["taints"].count(taints[0]) == 1
@@ -77,4 +81,5 @@ def test_bad_usage_and_unknown_nodes_change_nothing(kubectl_env):
     assert dry.stdout.splitlines() == [
         "kubectl label node vm-cpu-1 workload.example.com/kubevirt=true --overwrite",
         "kubectl label node vm-cpu-1 accelerator.example.com/mode=vfio --overwrite",
-        "kubectl taint node vm-cpu-1 workload.example.com/kubevirt=true:NoSchedule --overwrite"]
+        "kubectl taint node vm-cpu-1 workload.example.com/kubevirt=true:NoSchedule --overwrite",
+        "kubectl uncordon vm-cpu-1"]

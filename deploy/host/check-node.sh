@@ -5,7 +5,7 @@
 # per check (PASS, WARN, FAIL or SKIP) with the fix for each failure; exits 1 when a check failed.
 #
 # On a node:        sudo deploy/host/check-node.sh --pool vm-gpu-pci
-# In a DaemonSet:   check-node.sh --root /host --pool vm-cpu   (the host's /proc, /sys, /dev under /host)
+# In a DaemonSet:   check-node.sh --root /host --pool vm-cpu   (the host's /proc, /sys, /dev, /etc under /host)
 set -euo pipefail
 
 usage() {
@@ -18,7 +18,7 @@ Check that this node can host KubeVirt workstations.
                         vm-cpu         CPU workstations (default)
                         vm-gpu-pci     GPU passthrough workstations: GPUs bound to vfio-pci
                         container-gpu  GPUs for containers: no GPU may be bound to vfio-pci
-  --root DIR          where the host's /proc, /sys and /dev are (default /; /host in the DaemonSet)
+  --root DIR          where the host's /proc, /sys, /dev and /etc are (default /; /host in the DaemonSet)
   --gpu-vendors IDS   PCI vendor IDs of the GPUs, comma-separated (default 10de,1002: NVIDIA, AMD)
   -h, --help          this help
 
@@ -126,6 +126,26 @@ elif command -v virt-host-validate >/dev/null 2>&1; then
   fi
 else
   row SKIP virt-host-validate "not installed (libvirt-clients); the checks above cover its KVM ones"
+fi
+
+# --- the container runtime ------------------------------------------------------------------------
+# CDI's importer and the workstations' launchers are not root: they open Block volumes only when the
+# runtime hands devices to the pod's runAsUser (CDI's doc/block_cri_ownership_config.md).
+if [ "$POOL" != container-gpu ]; then
+  runtime_configs=()
+  for conf in "$ROOT"/etc/containerd/config.toml "$ROOT"/etc/containerd/conf.d/*.toml \
+              "$ROOT"/etc/crio/crio.conf "$ROOT"/etc/crio/crio.conf.d/*; do
+    [ -f "$conf" ] && runtime_configs+=("$conf")
+  done
+  if [ ${#runtime_configs[@]} -eq 0 ]; then
+    row WARN block-device-owner "no containerd or CRI-O config under $ROOT/etc: check the runtime's by hand" \
+      "set device_ownership_from_security_context = true in the container runtime's CRI config"
+  elif grep -Eqs '^[[:space:]]*device_ownership_from_security_context[[:space:]]*=[[:space:]]*true' "${runtime_configs[@]}"; then
+    row PASS block-device-owner "device_ownership_from_security_context = true"
+  else
+    row FAIL block-device-owner "the runtime gives Block volumes to root only: CDI imports and non-root VMs fail" \
+      "set device_ownership_from_security_context = true (containerd: [plugins.\"io.containerd.grpc.v1.cri\"], or [plugins.\"io.containerd.cri.v1.runtime\"] in containerd 2; CRI-O: [crio.runtime]) and restart the runtime"
+  fi
 fi
 
 # --- GPUs ----------------------------------------------------------------------------------------

@@ -89,4 +89,7 @@ for node in "${NODES[@]}"; do
     run kubectl label node "$node" "$MODE_LABEL-"  # a CPU pool node has no accelerator mode
   fi
   run kubectl taint node "$node" "$NODE_LABEL=true:NoSchedule" --overwrite
+  # The taint keeps other workloads off from now on: a node drained for the pool takes pods again
+  # (workstations' launcher pods; DaemonSets ignore the cordon and would hide it).
+  run kubectl uncordon "$node"
 done
