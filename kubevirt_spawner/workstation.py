@@ -148,6 +148,7 @@ class Workstation:
                  log: logging.Logger | logging.LoggerAdapter):
         self.kube, self.caches, self.ident, self.spec, self.settings = kube, caches, ident, spec, settings
         self.log = WorkstationLog(log, f"{ident.namespace}/{ident.vm}")
+        self._namespace_made_at: float | None = None  # (monotonic) when this start made the namespace
 
     # ------------------------------------------------------------ cached views
     @property
@@ -328,6 +329,7 @@ class Workstation:
         not to create any: the refusal is returned, and matters only if the namespace is missing."""
         try:
             await self.kube.create(k.NAMESPACE, m.namespace(self.ident))
+            self._namespace_made_at = time.monotonic()
             self.log.info("created Namespace %s", self.ident.namespace)
         except k.KubeError as err:
             if err.status == 403:
@@ -350,11 +352,26 @@ class Workstation:
             wanted.append((k.LIMIT_RANGE, m.limit_range(self.ident, list(self.settings.namespace_limits))))
         for kind, obj in wanted:
             try:
-                await self.kube.create(kind, obj)
+                await self._create(kind, obj)
                 self.log.info("created %s %s/%s", kind.kind, self.ident.namespace, obj["metadata"]["name"])
             except k.KubeError as err:
                 if err.status != 409:
                     raise
+
+    async def _create(self, kind: k.Kind, obj: dict) -> dict:
+        """Create `obj`, patient for a few seconds with a namespace this start has just made: on
+        Kubernetes 1.30 to 1.32 before kubernetes#135359, ValidatingAdmissionPolicies looked the
+        namespace up in the API server's cache only, so a create right after the namespace's could
+        be refused with NotFound (a create is NotFound only when its namespace is)."""
+        while True:
+            try:
+                return await self.kube.create(kind, obj)
+            except k.KubeError as err:
+                made = self._namespace_made_at
+                if not err.not_found or made is None or time.monotonic() - made > 10:
+                    raise
+                self.log.info("the namespace made just now is not found yet; creating %s again", kind.kind)
+                await asyncio.sleep(0.5)
 
     async def _ensure(self, kind: k.Kind, obj: dict, cache: Reflector) -> dict:
         """Create the object; when it exists, the existing one, which must be this workstation's.
@@ -362,7 +379,7 @@ class Workstation:
         was repeated after a timeout): the hub never needs to GET single objects."""
         meta = obj["metadata"]
         try:
-            created = await self.kube.create(kind, obj)
+            created = await self._create(kind, obj)
             self.log.info("created %s %s", kind.kind, meta["name"])
             return created
         except k.KubeError as err:

@@ -240,6 +240,10 @@ def test_the_config_adds_to_the_charts_services_and_roles(rendered, monkeypatch)
     assert [s["name"] for s in c.JupyterHub.services] == ["grafana", "prometheus", SERVICE_NAME, "idle-culler"]
     assert [r["name"] for r in c.JupyterHub.load_roles] == ["user", "workstations-metrics", "workstations-service",
                                                             "idle-culler"]
+    # the site's own `user` role (which makes JupyterHub ignore extra_user_scopes) lets users reach
+    # the service too
+    [user_role] = [r for r in c.JupyterHub.load_roles if r["name"] == "user"]
+    assert user_role["scopes"] == ["self", "read:metrics", f"access:services!service={SERVICE_NAME}"]
     # Prometheus' token reads the metrics, as the ServiceMonitor sends it, and can do nothing else
     [metrics] = [r for r in c.JupyterHub.load_roles if r["name"] == "workstations-metrics"]
     assert metrics["scopes"] == ["read:metrics", f"access:services!service={SERVICE_NAME}"]

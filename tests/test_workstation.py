@@ -879,3 +879,31 @@ async def test_a_users_namespace_gets_its_network_policy_quota_and_limits_when_a
     await again.start({"JUPYTERHUB_API_TOKEN": "t4"}, [])
     assert [q["spec"]["hard"] for q in http(env.sim).get(quotas).json()["items"]] == [{"requests.storage": "200Gi"}]
     await again.stop()
+
+
+async def test_a_namespace_made_just_now_may_be_not_found_for_a_moment(env, monkeypatch):
+    """Kubernetes 1.30 to 1.32 before kubernetes#135359 (staging/src/k8s.io/apiserver/pkg/admission/
+    plugin/policy/generic/policy_dispatcher.go took the namespace from the lister only): with a
+    ValidatingAdmissionPolicy installed, the first creates in a namespace made a moment ago can be
+    refused NotFound. A first start goes on; a namespace that stays missing still fails."""
+    real_create = env.kube.create
+    refused = []
+
+    async def stale_admission(kind, obj):
+        ns = obj["metadata"].get("namespace")
+        if ns == "notebook-wanda" and len(refused) < 3:
+            refused.append(kind.kind)
+            raise k.KubeError(404, "NotFound", f'namespaces "{ns}" not found')
+        return await real_create(kind, obj)
+    monkeypatch.setattr(env.kube, "create", stale_admission)
+    guards = {"network_policy_from": ({"namespaceSelector": {}},)}
+    ws = workstation(env, "wanda", **guards)
+    await ws.start({"JUPYTERHUB_API_TOKEN": "t"}, [])
+    assert refused == ["NetworkPolicy"] * 3 and ws.status() in ("running", "starting")
+    await ws.stop()
+    # a namespace that exists from before: a NotFound is not waited out
+    refused.clear()
+    again = workstation(env, "wanda", **guards)
+    with pytest.raises(k.KubeError):
+        await again.start({"JUPYTERHUB_API_TOKEN": "t2"}, [])
+    assert refused == ["NetworkPolicy"]

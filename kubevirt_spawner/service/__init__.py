@@ -38,11 +38,16 @@ def register(c, config_file: str, port: int = 10101, pass_env: tuple[str, ...] =
                                  "--port", str(port)],
                      "environment": env, "display": True})
     c.JupyterHub.services = services
-    roles = list(c.JupyterHub.load_roles) if "load_roles" in c.JupyterHub else []
+    access = f"access:services!service={SERVICE_NAME}"
+    # Users reach it through the `user` role: extra_user_scopes adds to JupyterHub's default one,
+    # but a config that defines the role's scopes itself replaces them (JupyterHub's app.py
+    # init_role_creation ignores extra_user_scopes then), so such a role gets the scope too.
+    roles = [{**role, "scopes": [*role["scopes"], access]}
+             if role.get("name") == "user" and "scopes" in role and access not in role["scopes"] else role
+             for role in (c.JupyterHub.load_roles if "load_roles" in c.JupyterHub else [])]
     roles.append({"name": f"{SERVICE_NAME}-service", "description": "The workstations service",
                   "scopes": list(SERVICE_SCOPES), "services": [SERVICE_NAME]})
     c.JupyterHub.load_roles = roles
-    access = f"access:services!service={SERVICE_NAME}"
     extra = set(c.JupyterHub.extra_user_scopes) if "extra_user_scopes" in c.JupyterHub else set()
     c.JupyterHub.extra_user_scopes = extra | {access}
     # The server's own token (the guest holds it) may call the service too, for its own machine;
