@@ -171,3 +171,16 @@ def test_a_service_without_endpoints_has_the_placeholder_slice(kubectl):
     [item] = json.loads(kubectl("get", "endpointslice", "-n", "slices", "-o", "json").stdout)["items"]
     assert item.get("ports") is None and item.get("endpoints") is None
     kubectl("delete", "namespace", "slices")
+
+
+def test_the_operators_crds_are_established(kubectl):
+    """The kinds of CRD groups have their CustomResourceDefinitions, Established
+    (apiextensions-apiserver's establishing_controller.go), as after the operators' install."""
+    kubectl("wait", "crd/kubevirts.kubevirt.io", "crd/cdis.cdi.kubevirt.io", "--for=condition=Established",
+            "--timeout=10s")
+    crd = json.loads(kubectl("get", "crd", "datavolumes.cdi.kubevirt.io", "-o", "json").stdout)
+    assert (crd["spec"]["group"], crd["spec"]["scope"], crd["spec"]["names"]["kind"]) == \
+        ("cdi.kubevirt.io", "Namespaced", "DataVolume")
+    names = kubectl("get", "crds", "-o", "name").stdout.split()
+    assert "customresourcedefinition.apiextensions.k8s.io/virtualmachines.kubevirt.io" in names
+    assert not any(name.endswith((".apps", "pods")) for name in names)  # built-in kinds have none

@@ -144,6 +144,10 @@ RESOURCE_TYPES: tuple[ResourceType, ...] = (
                  columns=(_AGE,)),
     ResourceType("monitoring.coreos.com", ("v1",), "ServiceMonitor", "servicemonitors", short_names=("smon",),
                  columns=(_AGE,)),
+    # The definitions of the kinds above that are CRDs upstream (seeded with the cluster).
+    ResourceType("apiextensions.k8s.io", ("v1",), "CustomResourceDefinition", "customresourcedefinitions",
+                 short_names=("crd", "crds"), namespaced=False, categories=("api-extensions",),
+                 subresources=("status",), columns=(Column("Created At", "metadata.creationTimestamp"),)),
     # KubeVirt's and CDI's operator CRs (pkg/virt-operator/resource/generate/components/crds.go,
     # CDI's pkg/operator/resources/crds_generated.go).
     ResourceType("kubevirt.io", ("v1",), "KubeVirt", "kubevirts", short_names=("kv", "kvs"), categories=("all",),
@@ -185,6 +189,10 @@ RESOURCE_TYPES: tuple[ResourceType, ...] = (
 
 BY_KEY: dict[tuple[str, str], ResourceType] = {rt.key: rt for rt in RESOURCE_TYPES}
 BY_KIND: dict[str, ResourceType] = {rt.kind: rt for rt in RESOURCE_TYPES}
+# The groups whose kinds are CustomResourceDefinitions upstream (KubeVirt's and CDI's operators, the
+# CSI snapshotter, the Gateway API, the Prometheus Operator install them).
+CRD_GROUPS = ("kubevirt.io", "cdi.kubevirt.io", "snapshot.kubevirt.io", "snapshot.storage.k8s.io",
+              "gateway.networking.k8s.io", "monitoring.coreos.com")
 
 # KubeVirt's aggregated subresource API group: served by virt-api, not stored.
 SUBRESOURCES_GROUP = "subresources.kubevirt.io"

@@ -8,7 +8,7 @@ import uuid
 
 from .machines import DISK_IMAGE
 from .qemu import sparse_copy
-from .resources import BY_KIND
+from .resources import BY_KIND, CRD_GROUPS, RESOURCE_TYPES
 from .timeutil import now_iso
 
 GOLDEN_NAMESPACE = "vm-images"
@@ -133,9 +133,38 @@ def golden_tree(root: str):
             f.write(text)
 
 
+def custom_resource_definitions() -> list[dict]:
+    """The CRDs of the kinds the simulator serves from CRD groups, Established as the API server's
+    establishing controller marks them (staging/src/k8s.io/apiextensions-apiserver/pkg/controller/
+    establish/establishing_controller.go), so that `kubectl wait crd/... --for=condition=Established`
+    answers as on a cluster where the operators installed them."""
+    now = now_iso()
+    out = []
+    for rt in RESOURCE_TYPES:
+        if rt.group not in CRD_GROUPS:
+            continue
+        names = {"plural": rt.plural, "singular": rt.kind.lower(), "kind": rt.kind, "listKind": f"{rt.kind}List",
+                 **({"shortNames": list(rt.short_names)} if rt.short_names else {}),
+                 **({"categories": list(rt.categories)} if rt.categories else {})}
+        out.append({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": f"{rt.plural}.{rt.group}"},
+            "spec": {"group": rt.group, "names": names, "scope": "Namespaced" if rt.namespaced else "Cluster",
+                     "versions": [{"name": v, "served": True, "storage": i == 0,
+                                   "schema": {"openAPIV3Schema": {"type": "object",
+                                                                  "x-kubernetes-preserve-unknown-fields": True}}}
+                                  for i, v in enumerate(rt.versions)]},
+            "status": {"acceptedNames": names, "storedVersions": [rt.versions[0]], "conditions": [
+                {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts",
+                 "message": "no conflicts found", "lastTransitionTime": now},
+                {"type": "Established", "status": "True", "reason": "InitialNamesAccepted",
+                 "message": "the initial names have been accepted", "lastTransitionTime": now}]}})
+    return out
+
+
 def seed_cluster(cluster):
     store = cluster.store
-    for obj in seed_objects():
+    for obj in [*custom_resource_definitions(), *seed_objects()]:
         rt = BY_KIND[obj["kind"]]
         cluster.defaults(rt, obj)
         store.create(rt, obj)

@@ -20,7 +20,7 @@ from .admission import admit
 from .auth import ANONYMOUS
 from .errors import ApiError
 from .patch import apply_patch
-from .resources import BY_KIND, SUBRESOURCES_GROUP, VM_ACTIONS, VMI_AGENT_CALLS, lookup
+from .resources import BY_KIND, CRD_GROUPS, SUBRESOURCES_GROUP, VM_ACTIONS, VMI_AGENT_CALLS, lookup
 from .selectors import parse_field_selector, parse_label_selector
 from .store import Watcher, watch_event_for
 
@@ -30,8 +30,6 @@ _RESOURCE_PATH = re.compile(
     r"^/(?:api/(?P<cv>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
     r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>[^/]+))?$")
 
-# Groups whose kinds are CustomResourceDefinitions upstream: no strategic merge patch for them.
-CRD_GROUPS = {"kubevirt.io", "cdi.kubevirt.io", "snapshot.kubevirt.io", "snapshot.storage.k8s.io"}
 
 
 class RequestCounter:
