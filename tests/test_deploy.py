@@ -118,7 +118,7 @@ def test_the_other_crds_follow_their_upstream_rules(rendered):
     for monitor in kinds.pop("ServiceMonitor"):
         assert set(monitor["spec"]) <= {"selector", "endpoints", "namespaceSelector", "jobLabel"}
         for endpoint in monitor["spec"]["endpoints"]:
-            assert set(endpoint) <= {"port", "path", "interval", "scheme", "bearerTokenSecret", "authorization"}
+            assert set(endpoint) <= {"port", "path", "interval", "scheme", "authorization"}
             assert re.fullmatch(r"(\d+[smh])+", endpoint["interval"])
     alerts: set[str] = set()
     for rules in kinds.pop("PrometheusRule"):
@@ -250,7 +250,8 @@ def test_the_config_adds_to_the_charts_services_and_roles(rendered, monkeypatch)
     assert metrics["services"] == ["prometheus"]
     [monitor] = yaml.safe_load_all((rendered / "guardrails" / "servicemonitor.yaml").read_text())
     [endpoint] = monitor["spec"]["endpoints"]
-    assert endpoint["bearerTokenSecret"] == {"name": "hub", "key": "hub.services.prometheus.apiToken"}
+    assert endpoint["authorization"] == {"type": "Bearer", "credentials": {"name": "hub",
+                                                                            "key": "hub.services.prometheus.apiToken"}}
     assert endpoint["port"] == values["hub"]["service"]["extraPorts"][0]["name"]
     assert endpoint["path"] == f"/services/{SERVICE_NAME}/metrics"
     assert c.JupyterHub.db_url == "postgresql://hub@db.example/jupyterhub"
@@ -275,12 +276,14 @@ def test_settings_reach_the_hub(tmp_path, monkeypatch):
                     .replace("ACCELERATOR_LABEL=accelerator.example.com/mode", "ACCELERATOR_LABEL=gpu.acme.io/mode")
                     .replace('GPU_DEVICES="10DE:20B0=nvidia.com/A100-PCIE-40GB"',
                              'GPU_DEVICES="10DE:20B0=nvidia.com/A100-PCIE-40GB 10DE:2236=nvidia.com/A10"')
-                    .replace("STORAGE_CLASS=ceph-rbd", "STORAGE_CLASS=rbd-fast"))
+                    .replace("STORAGE_CLASS=ceph-rbd", "STORAGE_CLASS=rbd-fast")
+                    .replace("CLUSTER_DOMAIN=cluster.local", "CLUSTER_DOMAIN=corp.example"))
     assert render(tmp_path / "out", file).returncode == 0
     values = yaml.safe_load((tmp_path / "out" / "jupyterhub" / "values.yaml").read_text())
     c = as_the_chart_runs_it(values, {"POD_NAMESPACE": "research-hub"}, monkeypatch)
     spawner = KubeVirtSpawner(config=c)
     assert spawner.namespace_template == "ws-{user}" and spawner.storage_class == "rbd-fast"
+    assert c.JupyterHub.hub_connect_url == "http://hub.research-hub.svc.corp.example:8081"
     profiles = {p["slug"]: p["kubevirt_override"] for p in spawner._profiles()}
     assert list(profiles) == ["cpu-4", "gpu-a100-pcie-40gb-1", "gpu-a10-1"]
     assert profiles["cpu-4"]["node_selector"] == {"pool.acme.io/vm": "true"}

@@ -281,3 +281,23 @@ def test_the_hub_changes_only_the_reclaim_policy_of_users_volumes(policy):
         assert not verdict.allowed and "only change the reclaim policy" in verdict.message, new["spec"]["claimRef"]
     assert not policy.admit(request("CREATE", mine), mine, None, None).allowed
     assert not policy.admit(request("DELETE", mine), None, mine, None).allowed
+
+
+@pytest.mark.parametrize("change", [
+    {"spec.type": "NodePort"}, {"spec.type": "LoadBalancer"}, {"spec.externalIPs": ["203.0.113.7"]},
+])
+def test_a_service_of_the_hub_stays_inside_the_cluster(policy, change):
+    """No NodePort, LoadBalancer or externalIPs (the CVE-2020-8554 kind): the proxy is the way in."""
+    svc = m.service(IDENT, SPEC)
+    [(path, value)] = change.items()
+    svc["spec"][path.split(".")[1]] = value
+    verdict = create(policy, svc)
+    assert not verdict.allowed and "type ClusterIP, without externalIPs" in verdict.message
+
+
+def test_a_secret_of_the_hub_is_a_plain_one(policy):
+    secret = m.env_secret(IDENT, {"JUPYTERHUB_API_TOKEN": "t"}, [])
+    secret["type"] = "kubernetes.io/service-account-token"
+    secret["metadata"]["annotations"] = {"kubernetes.io/service-account.name": "default"}
+    verdict = create(policy, secret)
+    assert not verdict.allowed and "of type Opaque" in verdict.message
