@@ -684,12 +684,12 @@ class Workstation:
             if self.status() != "stopped":
                 raise WorkstationError("Your workstation must be stopped to be restored; stop it first.",
                                        reason="running", status_code=409)
-            # Made once: KubeVirt's webhook refuses a second restore of the VM while one is not
-            # complete (pkg/storage/admitters/vmrestore.go), even one of the same name, before the
-            # API server could say it exists.
             # In place, KubeVirt deletes the disks it replaces (pkg/storage/snapshot/restore.go):
             # their volumes go with them. A restore that fails gives them back their policy.
             replaced = self._claims()
+            # Made once: KubeVirt's webhook refuses a second restore of the VM while one is not
+            # complete (pkg/storage/admitters/vmrestore.go), even one of the same name, before the
+            # API server could say it exists.
             if not await self._restore_object(restore_name):
                 await self.set_reclaim_policy(replaced)
                 await self.kube.create(k.RESTORE, m.virtual_machine_restore(self.ident, snap["object"], restore_name))
