@@ -17,6 +17,8 @@ Environment it reads (deploy/jupyterhub/values.yaml passes deploy/settings.env's
                          API; the Service `hub` there is how guests reach the hub)
   CLUSTER_DOMAIN         the cluster's DNS domain (default cluster.local)
   GOLDEN_IMAGE           golden image PVC as namespace/name (default vm-images/ubuntu-24-04-cuda-golden)
+  GOLDEN_IMAGE_FIRMWARE  the firmware its bootloader is built for and the VMs boot with: bios or efi
+                         (default bios)
   STORAGE_CLASS          RBD StorageClass (default ceph-rbd)
   USER_NAMESPACE_PREFIX  users' namespaces are PREFIX + user name (default notebook-)
   KUBEVIRT_NODE_LABEL    the VM node pool's label, "true" on its nodes, and its taint's key
@@ -52,6 +54,7 @@ c.KubeVirtSpawner.url_mode = "dns"
 c.KubeVirtSpawner.cluster_domain = cluster_domain
 c.KubeVirtSpawner.namespace_template = os.environ.get("USER_NAMESPACE_PREFIX", "notebook-") + "{user}"
 c.KubeVirtSpawner.golden_image = os.environ.get("GOLDEN_IMAGE", "vm-images/ubuntu-24-04-cuda-golden")
+c.KubeVirtSpawner.firmware = os.environ.get("GOLDEN_IMAGE_FIRMWARE", "bios")
 c.KubeVirtSpawner.storage_class = os.environ.get("STORAGE_CLASS", "ceph-rbd")
 c.KubeVirtSpawner.root_disk_size = "150Gi"
 c.KubeVirtSpawner.workspace_disk_size = "100Gi"
@@ -105,7 +108,7 @@ from kubevirt_spawner.service import register  # noqa: E402
 
 # It listens on the hub pod's address: the proxy and the workstations' Lab panels reach it through
 # the Service `hub` (which must expose port 10101 beside 8081).
-register(c, __file__, pass_env=("POD_NAMESPACE", "CLUSTER_DOMAIN", "GOLDEN_IMAGE", "STORAGE_CLASS",
+register(c, __file__, pass_env=("POD_NAMESPACE", "CLUSTER_DOMAIN", "GOLDEN_IMAGE", "GOLDEN_IMAGE_FIRMWARE", "STORAGE_CLASS",
                                 "USER_NAMESPACE_PREFIX", "KUBEVIRT_NODE_LABEL", "ACCELERATOR_LABEL", "GPU_DEVICES"),
          ip="0.0.0.0", host=f"hub.{hub_namespace}.svc.{cluster_domain}")
 c.Workstations.snapshot_limit = 20

@@ -72,6 +72,7 @@ class MachineSpec:
     storage_class: str = "ceph-rbd"
     workspace_disk_size: str | None = None
     termination_grace_period: int = 120
+    firmware: str = "bios"  # what the golden image boots with: bios or efi
     ports: tuple[tuple[str, int], ...] = (("ssh", 22), ("code-server", 8080), ("jupyterlab", JUPYTER_PORT))
     profile: str = ""
     profile_version: str = ""
@@ -157,10 +158,10 @@ def _b64(text: str) -> str:
 
 
 def user_data(ident: Identity) -> str:
-    """cloud-init user data: hostname and the guest agent. The golden image's systemd unit mounts
-    the env disk (serial `hubenv`) and runs jupyterhub-singleuser with it at every boot."""
-    config = {"hostname": ident.vm, "packages": ["qemu-guest-agent"],
-              "runcmd": [["systemctl", "enable", "--now", "qemu-guest-agent"]]}
+    """cloud-init user data: the hostname only. Nothing is installed at boot: the golden image has
+    the guest agent and everything else (a cluster without egress to a mirror starts the same),
+    and its systemd unit mounts the env disk (serial `hubenv`) and runs jupyterhub-singleuser."""
+    config = {"hostname": ident.vm}
     return "#cloud-config\n" + yaml.safe_dump(config, sort_keys=False)
 
 
@@ -198,7 +199,15 @@ def workspace_datavolume(ident: Identity, spec: MachineSpec) -> dict:
     return _datavolume(ident, ident.workspace, "workspace", spec, {"blank": {}}, spec.workspace_disk_size)
 
 
-NETWORK_DATA = "version: 2\nethernets:\n  enp1s0:\n    dhcp4: true\n    dhcp6: false\n"
+def firmware(kind: str) -> dict:
+    """The VM's firmware, which must be what the golden image's bootloader is built for (build.sh
+    --firmware): BIOS (SeaBIOS, KubeVirt's default) or EFI (OVMF). EFI says secureBoot false:
+    KubeVirt's default for `efi: {}` is true, which only a signed bootloader passes."""
+    if kind == "bios":
+        return {"bootloader": {"bios": {}}}
+    if kind == "efi":
+        return {"bootloader": {"efi": {"secureBoot": False}}}
+    raise ValueError(f"the firmware is bios or efi, not {kind!r}")
 
 
 def virtual_machine(ident: Identity, spec: MachineSpec) -> dict:
@@ -216,8 +225,9 @@ def virtual_machine(ident: Identity, spec: MachineSpec) -> dict:
         volumes.append({"name": "workspace", "persistentVolumeClaim": {"claimName": ident.workspace}})
     disks += [{"name": "cloudinit", "disk": {"bus": "virtio"}},
               {"name": ENV_DISK_SERIAL, "serial": ENV_DISK_SERIAL, "disk": {"bus": "virtio"}}]
-    volumes += [{"name": "cloudinit", "cloudInitNoCloud": {"networkData": NETWORK_DATA,
-                                                           "secretRef": {"name": ident.secret}}},
+    # no network data: the golden image configures every Ethernet NIC by DHCP whatever its name
+    # and MAC (KubeVirt writes network data verbatim, and a name in it may not be the guest's)
+    volumes += [{"name": "cloudinit", "cloudInitNoCloud": {"secretRef": {"name": ident.secret}}},
                 {"name": ENV_DISK_SERIAL, "secret": {"secretName": ident.secret}}]
     gpus: list[dict] = []
     for device, count in spec.gpus:
@@ -231,7 +241,7 @@ def virtual_machine(ident: Identity, spec: MachineSpec) -> dict:
     template_spec: dict = {
         "terminationGracePeriodSeconds": spec.termination_grace_period,
         "domain": {"memory": {"guest": spec.memory_guest or spec.memory}, "resources": resources,
-                   "devices": devices},
+                   "firmware": firmware(spec.firmware), "devices": devices},
         "networks": [{"name": "default", "pod": {}}],
         "volumes": volumes,
     }

@@ -75,6 +75,12 @@ class KubeVirtSpawner(Spawner):
     affinity = Dict(config=True, help="Affinity of the VM (the Kubernetes Affinity object).")
     termination_grace_period = Integer(120, config=True, help="""
         Seconds the guest gets to shut down cleanly on a graceful stop before it is powered off.""")
+    firmware = Enum(["bios", "efi"], "bios", config=True, help="""
+        The firmware the VM boots its root disk with: bios (SeaBIOS, KubeVirt's default) or efi
+        (OVMF, Secure Boot off). It must be one the golden image's bootloader is built for
+        (deploy/golden-image/build.sh --firmware; its image.json and the golden DataVolume's
+        kubevirt-spawner.io/firmware annotation list them): the project's image boots with both.
+        A profile may override it along with its golden_image.""")
     ports = Dict(value_trait=Integer(), default_value={"ssh": 22, "code-server": 8080, "jupyterlab": m.JUPYTER_PORT},
                  config=True, help="Ports the VM's interface and the Service expose, as {name: port}; 8888 is Jupyter.")
     extra_labels = Dict(config=True, help="Extra labels on every object of a workstation.")
@@ -355,7 +361,7 @@ class KubeVirtSpawner(Spawner):
             affinity=dict(values["affinity"]) or None, golden_image=golden,
             root_disk_size=values["root_disk_size"], storage_class=values["storage_class"],
             workspace_disk_size=values["workspace_disk_size"] or None,
-            termination_grace_period=values["termination_grace_period"],
+            termination_grace_period=values["termination_grace_period"], firmware=values["firmware"],
             ports=tuple(self.ports.items()), profile=slug,
             profile_version=(profile or {}).get("version", ""),
             extra_labels=dict(values["extra_labels"]), extra_annotations=dict(values["extra_annotations"]))

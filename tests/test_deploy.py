@@ -296,6 +296,36 @@ def test_settings_reach_the_hub(tmp_path, monkeypatch):
     assert '"$NODE_LABEL=true:NoSchedule"' in label_nodes and '"$MODE_LABEL=vfio"' in label_nodes
 
 
+@pytest.mark.parametrize("firmware", ["bios", "efi"])
+def test_the_vms_firmware_is_the_one_the_golden_image_is_built_for(tmp_path, monkeypatch, firmware):
+    """One setting, GOLDEN_IMAGE_FIRMWARE, says what the image's bootloader is built for: the golden
+    DataVolume records it and every VM the hub makes boots with it, so spec and image agree. A
+    firmware the image is not built for does not boot (tests/e2e/test_golden_boot.py)."""
+    from kubevirt_spawner import manifests as m
+    from kubevirt_spawner.names import identity
+    from kubevirt_spawner.spawner import KubeVirtSpawner
+    file = tmp_path / "settings.env"
+    file.write_text((DEPLOY / "settings.env").read_text().replace("GOLDEN_IMAGE_FIRMWARE=bios",
+                                                                  f"GOLDEN_IMAGE_FIRMWARE={firmware}"))
+    assert render(tmp_path / "out", file).returncode == 0
+    golden = next(d for d in yaml.safe_load_all((tmp_path / "out" / "cluster" / "golden-image.yaml").read_text())
+                  if d["kind"] == "DataVolume")
+    assert golden["metadata"]["annotations"]["kubevirt-spawner.io/firmware"] == firmware
+    values = yaml.safe_load((tmp_path / "out" / "jupyterhub" / "values.yaml").read_text())
+    spawner = KubeVirtSpawner(config=as_the_chart_runs_it(values, {"POD_NAMESPACE": "hub"}, monkeypatch))
+    spec = spawner._machine_spec(spawner._profiles()[0])
+    vm = m.virtual_machine(identity("alice"), spec)
+    assert list(vm["spec"]["template"]["spec"]["domain"]["firmware"]["bootloader"]) == [firmware]
+
+
+def test_a_firmware_no_image_is_built_for_is_refused(tmp_path):
+    file = tmp_path / "settings.env"
+    file.write_text((DEPLOY / "settings.env").read_text().replace("GOLDEN_IMAGE_FIRMWARE=bios",
+                                                                  "GOLDEN_IMAGE_FIRMWARE=uefi"))
+    done = render(tmp_path / "out", file)
+    assert done.returncode == 2 and "GOLDEN_IMAGE_FIRMWARE=uefi is bios or efi" in done.stderr
+
+
 def load_hub_config(monkeypatch) -> Config:
     """The production config as the hub image loads it (hub-config/kubevirt_spawner_config.py)."""
     from kubevirt_spawner.service.web import load_hub_config

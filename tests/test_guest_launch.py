@@ -164,9 +164,23 @@ def test_a_failing_command_says_what_failed():
 
 def test_the_server_runs_with_a_logins_basics_and_jupyterhubs_environment():
     alice = account("alice", 1000, "/home/alice")
-    env = server_environment(ENV, alice, {"PATH": "/usr/bin", "LANG": "C.UTF-8", "SECRET_OF_ROOT": "x"})
+    env = server_environment(ENV, alice, {"PATH": "/usr/bin", "LANG": "C.UTF-8", "SECRET_OF_ROOT": "x"},
+                             "/run/jupyter/1000")
     assert env == {"PATH": "/usr/bin", "LANG": "C.UTF-8", "HOME": "/home/alice", "USER": "alice",
-                   "LOGNAME": "alice", "SHELL": "/bin/bash", **ENV}
+                   "LOGNAME": "alice", "SHELL": "/bin/bash", "JUPYTER_RUNTIME_DIR": "/run/jupyter/1000", **ENV}
+
+
+def test_jupyters_runtime_files_stay_off_the_disks(tmp_path):
+    """jupyter-server writes jpserver-PID.json with its token, JupyterHub's API token
+    (jupyter_server serverapp.py write_server_info_file), into jupyter_core's runtime directory,
+    by default under the home: on the workspace disk. The server gets one on /run (a tmpfs) that
+    only its account enters."""
+    me = pwd.getpwuid(os.getuid())
+    path = launch.runtime_dir(me, str(tmp_path / "run" / "jupyter"))
+    assert path == str(tmp_path / "run" / "jupyter" / str(me.pw_uid))
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o700 and os.stat(path).st_uid == me.pw_uid
+    assert stat.S_IMODE(os.stat(tmp_path / "run" / "jupyter").st_mode) == 0o755
+    assert launch.runtime_dir(me, str(tmp_path / "run" / "jupyter")) == path  # (a restart of the unit)
 
 
 def test_print_shows_the_account_and_command(tmp_path, monkeypatch, capsys):

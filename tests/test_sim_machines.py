@@ -63,15 +63,19 @@ def test_the_declared_ports_are_forwarded_else_jupyter_and_ssh():
 def test_a_golden_image_is_what_build_sh_describes(tmp_path):
     with pytest.raises(ValueError, match="no readable image.json.*build.sh"):
         GoldenImage.load(str(tmp_path))
+    # an image from before images had a bootloader (its kernel booted directly) is refused
     (tmp_path / "image.json").write_text(json.dumps({"disk": "disk.raw", "kernel": "vmlinuz", "initrd": "initrd.img",
                                                      "cmdline": "root=LABEL=kvs-root ro"}))
+    with pytest.raises(ValueError, match="boots by no firmware"):
+        GoldenImage.load(str(tmp_path))
+    (tmp_path / "image.json").write_text(json.dumps({"disk": "disk.raw", "probe_kernel": "vmlinuz",
+                                                     "firmware": ["bios", "efi"]}))
     (tmp_path / "disk.raw").write_bytes(b"")
     with pytest.raises(ValueError, match="lacks vmlinuz"):
         GoldenImage.load(str(tmp_path))
     (tmp_path / "vmlinuz").write_bytes(b"")
-    (tmp_path / "initrd.img").write_bytes(b"")
     image = GoldenImage.load(str(tmp_path))
-    assert image.disk == str(tmp_path / "disk.raw") and image.cmdline == "root=LABEL=kvs-root ro"
+    assert image.disk == str(tmp_path / "disk.raw") and image.firmware == ("bios", "efi")
 
 
 def test_qemu_guests_need_a_golden_image(tmp_path):
@@ -138,7 +142,7 @@ class QuietMachine(QemuGuest):
     """A QEMU guest whose process is a stand-in; its shutdown request is only counted."""
 
     def __init__(self, tmp_path):
-        machine = Machine("m", 1, 256, "vmlinuz", "initrd.img", "", (), (), str(tmp_path / "a.sock"),
+        machine = Machine("m", 1, 256, (), (), str(tmp_path / "a.sock"),
                           str(tmp_path / "q.sock"), str(tmp_path / "console.log"))
         super().__init__(("ns", "m"), machine, str(tmp_path / "work"), str(tmp_path / "qemu.log"))
         self.requests = 0

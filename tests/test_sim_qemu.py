@@ -1,7 +1,9 @@
 """The QEMU command line of the simulator's qemu guests against what virt-launcher's domain amounts
-to (kubevirt pkg/virt-launcher/virtwrap/converter/converter.go, testdata/domain_x86_64.xml;
-converter/vcpu/vcpu.go; converter/compute/channels.go; pkg/network/link/address.go) and the
-20-byte virtio-blk serial (QEMU hw/block/virtio-blk.c)."""
+to (kubevirt v1.9 pkg/virt-launcher/virtwrap/converter/converter.go, testdata/domain_x86_64.xml;
+converter/vcpu/vcpu.go; converter/compute/channels.go; converter/compute/os.go and
+virtwrap/efi/efi.go for the firmware; virtwrap/manager.go for Secure Boot's default;
+converter/network/configurator.go for the NIC's ROM; docs/pci-topology.md for the buses;
+pkg/network/link/address.go) and the 20-byte virtio-blk serial (QEMU hw/block/virtio-blk.c)."""
 
 from __future__ import annotations
 
@@ -14,9 +16,8 @@ from kubevirt_spawner.sim.qemu import Disk, Machine
 
 
 def machine(**changes) -> Machine:
-    base = dict(name="alice-workstation", cpus=2, memory_mib=2048, kernel="vmlinuz", initrd="initrd.img",
-                cmdline="root=LABEL=kvs-root ro console=ttyS0",
-                disks=(Disk("root.raw", "rootdisk"), Disk("ws.raw", "workspace"), Disk("ci.iso"),
+    base = dict(name="alice-workstation", cpus=2, memory_mib=2048,
+                disks=(Disk("root.raw", "rootdisk", boot_order=1), Disk("ws.raw", "workspace"), Disk("ci.iso"),
                        Disk("env.iso", "hubenv")),
                 forwards=(("127.0.5.7", 8888, 8888), ("127.0.5.7", 22, 22)),
                 agent_socket="qga.sock", monitor_socket="qmp.sock", console_log="console.log")
@@ -27,18 +28,53 @@ def machine(**changes) -> Machine:
 def test_the_command_line_is_the_domain_virt_launcher_defines():
     args = qemu.command(machine())
     line = " ".join(args)
-    assert "-machine q35,accel=tcg" in line and "-smp 2,sockets=2,cores=1,threads=1" in line and "-m 2048" in line
+    assert "-machine q35,accel=tcg,smm=off" in line and "-smp 2,sockets=2,cores=1,threads=1" in line and "-m 2048" in line
+    # the firmware boots the disks: no kernel of its own, only disks with a boot order are tried
+    assert "-kernel" not in args and "-initrd" not in args and "-boot strict=on" in line
+    assert "pflash" not in line  # (no firmware given: SeaBIOS, QEMU's own)
     devices = [args[i + 1] for i, a in enumerate(args) if a == "-device"]
-    assert devices[:4] == ["virtio-blk-pci,drive=disk0,serial=rootdisk,bootindex=1",
-                           "virtio-blk-pci,drive=disk1,serial=workspace", "virtio-blk-pci,drive=disk2",
-                           "virtio-blk-pci,drive=disk3,serial=hubenv"]
+    blk = [d for d in devices if d.startswith("virtio-blk-pci")]
+    assert blk == ["virtio-blk-pci,drive=disk0,bus=rp3,serial=rootdisk,bootindex=1",
+                   "virtio-blk-pci,drive=disk1,bus=rp4,serial=workspace", "virtio-blk-pci,drive=disk2,bus=rp5",
+                   "virtio-blk-pci,drive=disk3,bus=rp6,serial=hubenv"]
     assert "virtserialport,chardev=agent,name=org.qemu.guest_agent.0" in devices
-    # the NIC on the first PCIe root port: enp1s0 in the guest, as in a KubeVirt VM
-    assert devices[-2:] == ["pcie-root-port,id=rp1,chassis=1,bus=pcie.0", "virtio-net-pci,netdev=net0,bus=rp1"]
+    # the NIC on bus 1 (enp1s0 in the guest, as in a KubeVirt VM), without an option ROM
+    assert devices[:2] == ["pcie-root-port,id=rp1,chassis=1,bus=pcie.0", "virtio-net-pci,netdev=net0,bus=rp1,romfile="]
     netdev = args[args.index("-netdev") + 1]
     assert "host=10.0.2.1,dhcpstart=10.0.2.2" in netdev and "hostname=alice-workstation" in netdev
     assert "hostfwd=tcp:127.0.5.7:8888-10.0.2.2:8888" in netdev and "hostfwd=tcp:127.0.5.7:22-10.0.2.2:22" in netdev
     assert "-cpu host" in " ".join(qemu.command(machine(accel="kvm")))
+
+
+@pytest.mark.parametrize("efi,expected", [
+    (None, (False, False)),
+    ({"bios": {}}, (False, False)),
+    ({"efi": {}}, (True, True)),  # KubeVirt: SecureBoot == nil || *SecureBoot
+    ({"efi": {"secureBoot": True}}, (True, True)),
+    ({"efi": {"secureBoot": False}}, (True, False)),
+])
+def test_the_firmware_is_the_one_the_vmi_asks_for(efi, expected):
+    spec = {"domain": {"firmware": {"bootloader": efi}}} if efi is not None else {"domain": {}}
+    assert qemu.vmi_firmware(spec) == expected
+
+
+def test_efi_boots_ovmf_from_pflash_with_the_vmis_own_variable_store(tmp_path):
+    ovmf = tmp_path / "ovmf"
+    ovmf.mkdir()
+    for name in ("OVMF_CODE_4M.fd", "OVMF_VARS_4M.fd", "OVMF_CODE_4M.secboot.fd", "OVMF_VARS_4M.ms.fd"):
+        (ovmf / name).write_bytes(name.encode())
+    plain = qemu.ovmf_firmware(False, str(tmp_path / "a_VARS.fd"), str(ovmf))
+    assert (tmp_path / "a_VARS.fd").read_bytes() == b"OVMF_VARS_4M.fd"  # a copy: the template stays
+    line = " ".join(qemu.command(machine(firmware=plain)))
+    assert f"if=pflash,format=raw,unit=0,readonly=on,file={ovmf}/OVMF_CODE_4M.fd" in line
+    assert f"if=pflash,format=raw,unit=1,file={tmp_path}/a_VARS.fd" in line and "smm=off" in line
+    secure = qemu.ovmf_firmware(True, str(tmp_path / "b_VARS.fd"), str(ovmf))
+    line = " ".join(qemu.command(machine(firmware=secure)))
+    # Secure Boot needs SMM (KubeVirt's webhook refuses it without) and Microsoft's enrolled keys
+    assert "smm=on" in line and "OVMF_CODE_4M.secboot.fd" in line and "property=secure,value=on" in line
+    assert (tmp_path / "b_VARS.fd").read_bytes() == b"OVMF_VARS_4M.ms.fd"
+    with pytest.raises(RuntimeError, match="EFI OVMF roms missing"):
+        qemu.ovmf_firmware(False, str(tmp_path / "c_VARS.fd"), str(tmp_path / "nowhere"))
 
 
 def test_a_serial_longer_than_virtio_gives_is_refused():

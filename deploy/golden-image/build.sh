@@ -1,58 +1,129 @@
 #!/bin/bash
 # Build and seal a workstation golden image from distribution packages and pinned PyPI packages.
 #
-#   deploy/golden-image/build.sh [--suite bookworm] [--size 4G] [--out DIR] [--cache DIR] [--wheel FILE]
+#   deploy/golden-image/build.sh [--suite bookworm|trixie|noble] [--firmware bios,efi] [--gpu nvidia]
+#                                [--cuda-toolkit] [--size 4G] [--mirror URL] [--out DIR] [--cache DIR]
+#                                [--wheel FILE] [--plan]
 #
 # Output (in DIR, default: the cache entry of this recipe; its path is the last line printed):
-#   disk.raw      a GPT disk: partition 1 is the root filesystem (ext4, label kvs-root), sized --size
-#   vmlinuz, initrd.img   the image's kernel and initramfs, for a direct kernel boot (the test image:
-#                 qemu -kernel vmlinuz -initrd initrd.img -append "root=LABEL=kvs-root ro console=ttyS0")
-#   image.json    what was built: suite, packages, Python pins, the recipe's hash, the build's duration
-# A production image adds a bootloader (see README.md); KubeVirt imports disk.raw into the golden PVC.
+#   disk.raw      a GPT disk that boots through the VM's firmware, as KubeVirt boots a PVC:
+#                 1 BIOS boot partition (GRUB's core image, for SeaBIOS), 2 EFI system partition
+#                 (\EFI\BOOT\BOOTX64.EFI, for OVMF), 3 the root filesystem (ext4, last so it grows);
+#                 GRUB finds the root by its filesystem UUID, the kernel and initramfs are inside it
+#   vmlinuz       a copy of the image's kernel, for the simulator's KVM probe only (nothing boots it)
+#   image.json    what was built: suite, firmware, packages, Python, kernel, the recipe's hash
+# --plan prints what the suite's build would install (JSON) and builds nothing.
 #
-# Needs root (mmdebstrap --mode=root, chroot), mmdebstrap, e2fsprogs (mkfs.ext4 -d), fdisk (sfdisk),
-# and Python 3 with pip on the host: pip inside the image's chroot does not trust this machine's
-# proxy CA, so wheels are downloaded on the host and installed offline in the image.
-# Builds are cached by a hash of the recipe (this directory, the suite, the size, the apt sources
-# and this project's wheel): the same recipe is built once.
-# mmdebstrap's hooks get the root directory as "$1": they are single-quoted on purpose.
-# shellcheck disable=SC2016
+# Needs root (mmdebstrap --mode=root, chroot), mmdebstrap, e2fsprogs, fdisk (sfdisk), dosfstools and
+# mtools (the EFI partition), and Python 3 with pip on the host. No loop device and no mount: each
+# filesystem is written into the disk file at its partition's offset (mkfs.ext4 -d, mkfs.fat
+# --offset, mcopy), and GRUB's BIOS blocks are placed by make-disk.py (grub-bios-setup insists on
+# probing the device under its own directory, which a container has no node for).
+# Everything that depends on the target comes from the target: GRUB, the kernel and mke2fs's
+# defaults from its packages, the wheels for its own Python (checked against its python3).
+# Builds are cached by a hash of the recipe (this directory, the options, the apt sources and this
+# project's wheel): the same recipe is built once.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 suite=bookworm
 size=4G
+firmware=bios,efi
+gpu=""
+cuda_toolkit=no
+mirror=""
 out=""
 cache=${KUBEVIRT_GOLDEN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kubevirt-spawner/golden-image}
 wheel=""
-sources=""
+plan_only=no
+die() { echo "build.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case $1 in
-    --suite) suite=$2; shift 2;;
-    --size) size=$2; shift 2;;
-    --out) out=$2; shift 2;;
-    --cache) cache=$2; shift 2;;
-    --wheel) wheel=$2; shift 2;;
-    --sources) sources=$2; shift 2;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0;;
-    *) echo "build.sh: unknown option $1 (see --help)" >&2; exit 2;;
+    --suite) suite=${2:?}; shift 2;;
+    --size) size=${2:?}; shift 2;;
+    --firmware) firmware=${2:?}; shift 2;;
+    --gpu) gpu=${2:?}; shift 2;;
+    --cuda-toolkit) cuda_toolkit=yes; shift;;
+    --mirror) mirror=${2:?}; shift 2;;
+    --out) out=${2:?}; shift 2;;
+    --cache) cache=${2:?}; shift 2;;
+    --wheel) wheel=${2:?}; shift 2;;
+    --plan) plan_only=yes; shift;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0;;
+    *) die "unknown option $1 (see --help)";;
   esac
 done
-[ "$(id -u)" = 0 ] || { echo "build.sh: run as root (mmdebstrap --mode=root and chroot need it)" >&2; exit 1; }
-for tool in mmdebstrap mkfs.ext4 sfdisk; do
-  command -v "$tool" >/dev/null || { echo "build.sh: $tool is missing: apt-get install mmdebstrap e2fsprogs fdisk" >&2; exit 1; }
-done
 
-# apt sources: the host's (a mirror or proxy it has), else Debian's own
-if [ -z "$sources" ]; then
-  for f in /etc/apt/sources.list.d/debian.sources /etc/apt/sources.list; do
-    [ -s "$f" ] && { sources=$f; break; }
-  done
+# What each suite is made of. Python's version is the suite's own python3 (the wheels' ABI).
+case $suite in
+  bookworm|trixie)
+    distribution=debian; mirror=${mirror:-http://deb.debian.org/debian}
+    python=$([ "$suite" = bookworm ] && echo 3.11 || echo 3.13)
+    kernel=linux-image-amd64; headers=linux-headers-amd64
+    components=main; security="http://deb.debian.org/debian-security $suite-security"
+    keyring=/usr/share/keyrings/debian-archive-keyring.gpg;;
+  noble)
+    distribution=ubuntu; mirror=${mirror:-http://archive.ubuntu.com/ubuntu}
+    python=3.12
+    # the generic kernel without linux-modules-extra: virtio, vfio and DRM are in it
+    kernel=linux-image-virtual; headers=linux-headers-virtual
+    components="main universe"; security="http://security.ubuntu.com/ubuntu noble-security"
+    keyring=/usr/share/keyrings/ubuntu-archive-keyring.gpg;;
+  *) die "unknown suite $suite: bookworm (Debian 12), trixie (Debian 13) or noble (Ubuntu 24.04)";;
+esac
+case $firmware in
+  bios|efi|bios,efi|efi,bios) ;;
+  *) die "--firmware is bios, efi or bios,efi (what the VMs' spec.domain.firmware may select), not $firmware";;
+esac
+case $gpu in
+  "") ;;
+  nvidia)
+    [ "$distribution" = debian ] || die "--gpu nvidia builds Debian's driver; for Ubuntu, install the driver your GPUs need (README.md, GPU images)"
+    components="main contrib non-free non-free-firmware";;
+  *) die "--gpu is nvidia (or absent), not $gpu";;
+esac
+[ "$cuda_toolkit" = no ] || [ -n "$gpu" ] || die "--cuda-toolkit needs --gpu nvidia"
+case $size in *[0-9][GM]) ;; *) die "--size is a number with G or M (for example 8G), not $size";; esac
+
+packages=(
+  "$kernel" initramfs-tools systemd-sysv systemd-timesyncd systemd-resolved udev dbus
+  grub-pc-bin grub-efi-amd64-bin
+  cloud-init cloud-guest-utils
+  qemu-guest-agent openssh-server sudo logrotate
+  python3 python3-venv ca-certificates less nano e2fsprogs
+)
+if [ "$gpu" = nvidia ]; then
+  # the driver's kernel module built by DKMS for the image's kernel, nvidia-smi, the CUDA driver
+  # library; the GSP firmware newer datacenter GPUs load (firmware-nvidia-gsp)
+  packages+=("$headers" nvidia-kernel-dkms nvidia-smi libcuda1 nvidia-persistenced firmware-nvidia-gsp)
+  [ "$cuda_toolkit" = yes ] && packages+=(nvidia-cuda-toolkit)
+fi
+sources="deb [signed-by=$keyring] $mirror $suite $components
+deb [signed-by=$keyring] $mirror $suite-updates $components
+deb [signed-by=$keyring] ${security% *} ${security#* } $components"
+pip_platform=(--python-version "$python" --implementation cp --abi "cp${python/./}" --platform manylinux2014_x86_64
+              --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 --platform any)
+
+if [ "$plan_only" = yes ]; then
+  python3 - "$suite" "$distribution" "$python" "$firmware" "$gpu" "$sources" "${pip_platform[*]}" "${packages[@]}" <<'PY'
+import json, sys
+suite, distribution, python, firmware, gpu, sources, pip, *packages = sys.argv[1:]
+print(json.dumps({"suite": suite, "distribution": distribution, "python": python,
+                  "firmware": firmware.split(","), "gpu": gpu or None, "packages": packages,
+                  "sources": sources.splitlines(), "pip_download": pip.split(),
+                  "fstab_root": "UUID", "cloud_init_datasources": ["NoCloud", "None"]}, indent=1))
+PY
+  exit 0
 fi
 
+[ "$(id -u)" = 0 ] || { echo "build.sh: run as root (mmdebstrap --mode=root and chroot need it)" >&2; exit 1; }
+for tool in mmdebstrap mkfs.ext4 sfdisk mkfs.fat mcopy; do
+  command -v "$tool" >/dev/null || { echo "build.sh: $tool is missing: apt-get install mmdebstrap e2fsprogs fdisk dosfstools mtools" >&2; exit 1; }
+done
+[ -r "$keyring" ] || { echo "build.sh: $keyring is missing: apt-get install $distribution-archive-keyring" >&2; exit 1; }
+
 work=$(mktemp -d "${TMPDIR:-/tmp}/golden-image.XXXXXX")
-mkdir -p "$work/boot"
 trap 'rm -rf "$work"' EXIT
 
 # this project's guest package, as a wheel (built from the checkout unless given)
@@ -61,9 +132,8 @@ if [ -z "$wheel" ]; then
   wheel=$(ls "$work"/own/kubevirt_spawner-*.whl)
 fi
 
-key=$( { cat "$here"/build.sh "$here"/seal.sh "$here"/requirements.txt "$here"/kubevirt-workstation.service \
-               "$here"/ssh-host-keys.service "$here"/fstab "$here"/cloud.cfg "$here"/verify-clone.sh "$here"/sudoers;
-         echo "$suite $size"; [ -n "$sources" ] && sed 's/#.*//' "$sources";
+key=$( { for f in "$here"/*; do [ -f "$f" ] && cat "$f"; done
+         echo "$suite $size $firmware $gpu $cuda_toolkit"; echo "$sources"
          unzip -p "$wheel" 2>/dev/null | sha256sum; } | sha256sum | cut -c1-16)
 out=${out:-$cache/$key}
 if [ -s "$out/image.json" ] && grep -q "\"recipe\": \"$key\"" "$out/image.json"; then
@@ -73,62 +143,46 @@ if [ -s "$out/image.json" ] && grep -q "\"recipe\": \"$key\"" "$out/image.json";
 fi
 started=$(date +%s)
 
-echo "build.sh: Python packages for the image (on the host)"
+echo "build.sh: Python $python packages for the image (on the host)"
 mkdir -p "$work/wheels"
-cp "$wheel" "$work/wheels/"
-cp "$here/requirements.txt" "$work/wheels/requirements.txt"
-python3 -m pip download --quiet --dest "$work/wheels" --only-binary=:all: \
-  --python-version 3.11 --implementation cp --abi cp311 --platform manylinux2014_x86_64 \
-  --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 --platform any \
+cp "$wheel" "$here/requirements.txt" "$work/wheels/"
+python3 -m pip download --quiet --dest "$work/wheels" --only-binary=:all: "${pip_platform[@]}" \
   -r "$here/requirements.txt" "$(basename "$wheel" | sed 's/-.*//; s/_/-/g')[guest] @ file://$wheel"
 
-packages=(
-  linux-image-amd64 systemd-sysv systemd-timesyncd udev dbus
-  cloud-init cloud-guest-utils ifupdown isc-dhcp-client
-  qemu-guest-agent openssh-server sudo logrotate
-  python3 python3-venv ca-certificates less nano
-  e2fsprogs
-)
+# The identifiers GRUB and fstab find the filesystems by: made here, so the image's boot
+# configuration is written before its filesystems are.
+root_uuid=$(python3 -c 'import uuid; print(uuid.uuid4())')
+esp_id=$(python3 -c 'import secrets; print(secrets.token_hex(4).upper())')
+printf '%s\n' "$sources" > "$work/sources.list"
+export KVS_HERE=$here KVS_WHEELS=$work/wheels KVS_PYTHON=$python KVS_ROOT_UUID=$root_uuid \
+       KVS_ESP_ID=$esp_id KVS_FIRMWARE=$firmware KVS_GPU=$gpu KVS_GRUB_OUT=$work/grub
+
 echo "build.sh: the $suite root filesystem (mmdebstrap)"
+# shellcheck disable=SC2016  # mmdebstrap's hooks get the root directory as "$1"
 mmdebstrap --mode=root --variant=important --include="$(IFS=,; echo "${packages[*]}")" \
-  --customize-hook="copy-in $work/wheels /tmp" \
-  --customize-hook="copy-in $here/kubevirt-workstation.service $here/ssh-host-keys.service /etc/systemd/system" \
-  --customize-hook="copy-in $here/verify-clone.sh $here/seal.sh /usr/local/sbin" \
-  --customize-hook="upload $here/fstab /etc/fstab" \
-  --customize-hook="upload $here/cloud.cfg /etc/cloud/cloud.cfg.d/90-kubevirt-workstation.cfg" \
-  --customize-hook="upload $here/sudoers /etc/sudoers.d/kubevirt-workstation" \
-  --customize-hook='chmod 0440 "$1/etc/sudoers.d/kubevirt-workstation"' \
-  --customize-hook='chroot "$1" python3 -m venv /opt/jupyter' \
-  --customize-hook='chroot "$1" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin /opt/jupyter/bin/pip install --quiet --no-index --find-links /tmp/wheels \
-      -r /tmp/wheels/requirements.txt "/tmp/wheels/$(cd "$1/tmp/wheels" && ls kubevirt_spawner-*.whl)[guest]"' \
-  --customize-hook='chroot "$1" systemctl enable kubevirt-workstation.service ssh-host-keys.service \
-      systemd-timesyncd.service' \
-  --customize-hook='mkdir -p "$1/etc/kubevirt-workstation" "$1/usr/share/doc/kubevirt-workstation"' \
-  --customize-hook="upload $here/README.md /usr/share/doc/kubevirt-workstation/README.md" \
-  --customize-hook='echo kubevirt-workstation > "$1/etc/hostname"' \
-  --customize-hook="sync-out /boot $work/boot" \
-  --customize-hook='chroot "$1" /usr/local/sbin/seal.sh /' \
-  "$suite" "$work/root" ${sources:+"$sources"}
+  --customize-hook='"$KVS_HERE/customize.sh" "$1"' \
+  "$suite" "$work/root" "$work/sources.list"
 
 echo "build.sh: the disk image"
 mkdir -p "$out"
-truncate -s 0 "$out/disk.raw.new"
-truncate -s "$size" "$out/disk.raw.new"
-# GPT, one Linux partition from 1 MiB to the end; built in a file, no loop device
-printf 'label: gpt\nstart=2048, type=0FC63DAF-8483-4772-8E79-3D69D8477DE4, name=root\n' | sfdisk --quiet "$out/disk.raw.new"
-start=$(sfdisk --json "$out/disk.raw.new" | python3 -c 'import json,sys; print(json.load(sys.stdin)["partitiontable"]["partitions"][0]["start"])')
-sectors=$(sfdisk --json "$out/disk.raw.new" | python3 -c 'import json,sys; print(json.load(sys.stdin)["partitiontable"]["partitions"][0]["size"])')
-mkfs.ext4 -q -F -L kvs-root -d "$work/root" -E offset=$((start * 512)) "$out/disk.raw.new" $((sectors / 2))k
-cp "$work"/boot/vmlinuz-* "$out/vmlinuz"
-cp "$work"/boot/initrd.img-* "$out/initrd.img"
+kernel_version=$(cat "$work/grub/kernel-version")
+python3 "$here/make-disk.py" --root "$work/root" --out "$out/disk.raw.new" --size "$size" \
+  --root-uuid "$root_uuid" --esp-id "$esp_id" --firmware "$firmware" --grub "$work/grub" \
+  --mke2fs-conf "$work/root/etc/mke2fs.conf"
+cp "$work/grub/vmlinuz" "$out/vmlinuz"
 mv "$out/disk.raw.new" "$out/disk.raw"
-python3 - "$out/image.json" "$key" "$suite" "$size" "$(( $(date +%s) - started ))" "${packages[*]}" "$here/requirements.txt" <<'PY'
+python3 - "$out/image.json" "$key" "$suite" "$distribution" "$size" "$firmware" "$gpu" "$python" \
+  "$kernel_version" "$root_uuid" "$(( $(date +%s) - started ))" "$here/requirements.txt" "$work/grub/modules.json" \
+  "${packages[@]}" <<'PY'
 import json, sys
-path, key, suite, size, seconds, packages, requirements = sys.argv[1:]
+(path, key, suite, distribution, size, firmware, gpu, python, kernel, root_uuid, seconds, requirements,
+ modules, *packages) = sys.argv[1:]
 pins = [line.strip() for line in open(requirements) if line.strip() and not line.startswith("#")]
-json.dump({"recipe": key, "suite": suite, "size": size, "build_seconds": int(seconds),
-           "packages": packages.split(), "python": pins, "disk": "disk.raw", "kernel": "vmlinuz",
-           "initrd": "initrd.img", "cmdline": "root=LABEL=kvs-root ro console=ttyS0"}, open(path, "w"), indent=1)
+json.dump({"recipe": key, "suite": suite, "distribution": distribution, "size": size,
+           "firmware": firmware.split(","), "gpu": gpu or None, "python_version": python,
+           "kernel_version": kernel, "root_uuid": root_uuid, "build_seconds": int(seconds),
+           "packages": packages, "python": pins, "disk": "disk.raw", "probe_kernel": "vmlinuz",
+           "gpu_modules": json.load(open(modules))}, open(path, "w"), indent=1)
 PY
 echo "build.sh: built $out in $(( $(date +%s) - started )) s" >&2
 echo "$out"

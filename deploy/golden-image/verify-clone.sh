@@ -21,6 +21,8 @@ newer_keys() {
 }
 check "SSH host keys were made after the image was sealed" newer_keys
 check "cloud-init ran for this instance" test -e /var/lib/cloud/instance/boot-finished
+check "the guest agent runs (it is in the image: nothing is installed at boot)" \
+  systemctl is-active --quiet qemu-guest-agent.service
 check "no network config matches a MAC address" \
   sh -c "! grep -rqs 'macaddress\|hwaddress' /etc/netplan /etc/network/interfaces /etc/network/interfaces.d /etc/systemd/network"
 echo "machine-id: $machine_id"

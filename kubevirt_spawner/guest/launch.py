@@ -37,6 +37,7 @@ ENV_MOUNT = "/run/kubevirt-workstation/env"
 # Rock Ridge keeps kubelet's modes (0644: readable by all) and Debian 12's kernel refuses isofs's
 # overriderockperms, so the token is kept from users by the mount's root-only parent directory.
 ENV_MOUNT_OPTIONS = "ro,nosuid,nodev,noexec"
+RUNTIME_BASE = "/run/jupyter"  # Jupyter's runtime directories, one per account, on the /run tmpfs
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # useradd's default NAME_REGEX (Debian's adduser.conf is stricter still): lower case, at most 32
 LINUX_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
@@ -168,11 +169,26 @@ def _uid_taken(uid: int) -> bool:
 
 # ------------------------------------------------------------------------------------------ the server
 
-def server_environment(env: dict[str, str], account: pwd.struct_passwd, base: dict[str, str]) -> dict[str, str]:
+def runtime_dir(account: pwd.struct_passwd, base: str = RUNTIME_BASE) -> str:
+    """Jupyter's runtime directory for the account, on the /run tmpfs: jupyter-server writes its
+    jpserver-PID.json there, with its token (JupyterHub's API token), and kernels their
+    connection files. In the home (jupyter_core's default) the token would reach the workspace
+    disk and stay in its free blocks after the file is gone. Fresh at every boot; only the
+    account enters it (not /run/user/UID: logind removes that when the user's last login ends)."""
+    os.makedirs(base, mode=0o755, exist_ok=True)
+    path = os.path.join(base, str(account.pw_uid))
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    os.chown(path, account.pw_uid, account.pw_gid)
+    os.chmod(path, 0o700)
+    return path
+
+
+def server_environment(env: dict[str, str], account: pwd.struct_passwd, base: dict[str, str],
+                       runtime: str) -> dict[str, str]:
     """What jupyterhub-singleuser runs with: a login's basics, then JupyterHub's environment."""
     keep = {k: base[k] for k in ("PATH", "LANG", "LC_ALL", "TZ") if k in base}
     return {**keep, "HOME": account.pw_dir, "USER": account.pw_name, "LOGNAME": account.pw_name,
-            "SHELL": account.pw_shell or SHELL, **env}
+            "SHELL": account.pw_shell or SHELL, "JUPYTER_RUNTIME_DIR": runtime, **env}
 
 
 def server_command(args: list[str], bindir: str) -> list[str]:
@@ -211,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"user": account.pw_name, "home": account.pw_dir, "command": command}))
         return 0
     print(f"kubevirt-workstation: starting Jupyter for {env['JUPYTERHUB_USER']} as {account.pw_name}", flush=True)
-    environment = server_environment(env, account, dict(os.environ))
+    environment = server_environment(env, account, dict(os.environ), runtime_dir(account))
     become(account)
     os.execve(command[0], command, environment)
 

@@ -723,8 +723,12 @@ class Compute:
             shutil.rmtree(workdir, ignore_errors=True)
             raise RuntimeError("a machine runs already")
         console = os.path.join(self.c.state_dir, "guests", f"{key[0]}_{key[1]}.console.log")
-        accel = await asyncio.get_running_loop().run_in_executor(None, machine_accelerator, self.c.golden.kernel)
-        machine = new_machine(key[1], vmi.get("spec") or {}, disks, ip, self.c.golden, workdir, console, accel)
+        accel = await asyncio.get_running_loop().run_in_executor(None, machine_accelerator, self.c.golden.probe_kernel)
+        try:
+            machine = new_machine(key[1], vmi.get("spec") or {}, disks, ip, workdir, console, accel)
+        except (OSError, RuntimeError):
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise
         guest = QemuGuest(key, machine, workdir, os.path.join(self.c.state_dir, "guests", f"{key[0]}_{key[1]}.log"),
                           on_agent_change=lambda: self.c.vmi_queue.add(key))
         guest.uid = vmi["metadata"]["uid"]
@@ -732,8 +736,8 @@ class Compute:
         return guest
 
     def _machine_disks(self, vmi: dict, workdir: str) -> list[Disk]:
-        """The VMI's disks in boot order: volumes as their disk images, Secret volumes and
-        cloud-init as the ISO images virt-launcher builds from them."""
+        """The VMI's disks, each with its bootOrder: volumes as their disk images, Secret volumes
+        and cloud-init as the ISO images virt-launcher builds from them."""
         ns, name = vmi["metadata"]["namespace"], vmi["metadata"]["name"]
         volumes = {v["name"]: v for v in field_value(vmi, "spec.volumes") or []}
         disks = sorted(field_value(vmi, "spec.domain.devices.disks") or [],
@@ -758,7 +762,7 @@ class Compute:
                                     user_data, network_data)
             else:
                 continue  # (kinds this product does not attach)
-            out.append(Disk(path, disk.get("serial")))
+            out.append(Disk(path, disk.get("serial"), boot_order=disk.get("bootOrder")))
         return out
 
     def _cloud_init(self, ns: str, source: dict) -> tuple[str, str]:

@@ -7,7 +7,9 @@ virt-launcher runs one, with the configuration disks KubeVirt builds and the rea
   pkg/host-disk/host-disk.go: createSparseRaw, and the ExpandDisks resize); the guest grows its
   partition at boot (growpart).
 - The golden image is `deploy/golden-image/build.sh`'s output: its disk.raw fills the golden PVC,
-  and its kernel and initramfs boot every machine directly (the test image has no bootloader).
+  and every machine boots its root disk through the firmware its VMI asks for (SeaBIOS or OVMF),
+  as KubeVirt boots a PVC: GRUB, the kernel and the initramfs are on the disk. The image's kernel
+  file beside it only serves the KVM probe.
 - The guest agent is polled as virt-handler polls it (pkg/virt-handler/agent-poller: os info,
   users and filesystems every 10 s); it is connected while it answers.
 - A stop is libvirt's default shutdown (virDomainShutdown with no flags): through the agent when it
@@ -31,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..quantity import parse_quantity
-from .qemu import Agent, AgentError, Disk, Machine, accelerator, command
+from .qemu import Agent, AgentError, Disk, Firmware, Machine, accelerator, command, ovmf_firmware, vmi_firmware
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +48,11 @@ DEFAULT_PORTS = (8888, 22)
 
 @dataclass(frozen=True)
 class GoldenImage:
-    """What build.sh made: the disk, and the kernel and initramfs a direct kernel boot needs."""
+    """What build.sh made: the disk, the firmware it boots with, and a copy of its kernel (for the
+    KVM probe only)."""
     disk: str
-    kernel: str
-    initrd: str
-    cmdline: str
+    probe_kernel: str
+    firmware: tuple[str, ...] = ("bios", "efi")
 
     @classmethod
     def load(cls, directory: str) -> GoldenImage:
@@ -61,9 +63,12 @@ class GoldenImage:
         except (OSError, ValueError) as err:
             raise ValueError(f"{directory} is not a golden image build.sh made (no readable image.json: "
                              f"{err}); build one with deploy/golden-image/build.sh") from err
-        image = cls(*(os.path.join(directory, meta.get(k) or "") for k in ("disk", "kernel", "initrd")),
-                    cmdline=str(meta.get("cmdline") or ""))
-        for file in (image.disk, image.kernel, image.initrd):
+        if not meta.get("firmware"):
+            raise ValueError(f"the golden image in {directory} boots by no firmware (an image from before "
+                             "images had a bootloader); build it again with deploy/golden-image/build.sh")
+        image = cls(*(os.path.join(directory, meta.get(k) or "") for k in ("disk", "probe_kernel")),
+                    firmware=tuple(meta["firmware"]))
+        for file in (image.disk, image.probe_kernel):
             if not os.path.isfile(file):
                 raise ValueError(f"the golden image in {directory} lacks {os.path.basename(file) or 'a file'}; "
                                  "build it again with deploy/golden-image/build.sh")
@@ -293,11 +298,13 @@ def machine_accelerator(kernel: str) -> str:
     return _accel[kernel]
 
 
-def new_machine(name: str, spec: dict, disks: list[Disk], ip: str, golden: GoldenImage, workdir: str,
-                console_log: str, accel: str) -> Machine:
+def new_machine(name: str, spec: dict, disks: list[Disk], ip: str, workdir: str, console_log: str,
+                accel: str) -> Machine:
+    """The VMI's machine; with EFI, its own copy of OVMF's variable store in `workdir`."""
     domain = spec.get("domain") or {}
-    return Machine(name=name, cpus=vcpus(domain), memory_mib=memory_mib(domain), kernel=golden.kernel,
-                   initrd=golden.initrd, cmdline=golden.cmdline, disks=tuple(disks),
+    efi, secure_boot = vmi_firmware(spec)
+    firmware = ovmf_firmware(secure_boot, os.path.join(workdir, f"{name}_VARS.fd")) if efi else Firmware()
+    return Machine(name=name, cpus=vcpus(domain), memory_mib=memory_mib(domain), disks=tuple(disks),
                    forwards=tuple((ip, port, port) for port in forwarded_ports(spec)),
                    agent_socket=os.path.join(workdir, "agent.sock"), monitor_socket=os.path.join(workdir, "qmp.sock"),
-                   console_log=console_log, accel=accel)
+                   console_log=console_log, accel=accel, firmware=firmware)

@@ -1,13 +1,18 @@
-"""How the simulator's QEMU guests are started: the command line virt-launcher's domain amounts to,
-for a golden image booted by its own kernel (the test image's direct kernel boot).
+"""How the simulator's QEMU guests are started: the command line virt-launcher's domain amounts to.
 
-What it mirrors (kubevirt pkg/virt-launcher/virtwrap/converter/converter.go and its testdata
-domain_x86_64.xml): a q35 machine with ACPI; vCPUs as sockets (converter/vcpu/vcpu.go); each disk a
-virtio-blk device carrying the VM's serial (the guest names it /dev/disk/by-id/virtio-SERIAL), the
-boot disk first; the guest agent's virtio-serial port org.qemu.guest_agent.0
-(converter/compute/channels.go); the serial console ttyS0 to a log (compute/console.go); one
-virtio NIC on the first PCIe root port, so the guest calls it enp1s0 as in a KubeVirt VM. The
-network is QEMU's user network laid out like KubeVirt's masquerade binding (pkg/network/link/
+What it mirrors (kubevirt v1.9 pkg/virt-launcher/virtwrap/converter/converter.go and its testdata
+domain_x86_64.xml, docs/pci-topology.md): a q35 machine with ACPI (pkg/defaults/amd64.go); vCPUs as
+sockets (converter/vcpu/vcpu.go); the firmware the VMI asks for (converter/compute/os.go,
+virtwrap/efi/efi.go): none given is libvirt's default, SeaBIOS; `efi` is OVMF from pflash, the
+code read-only and a fresh copy of the variable store per VMI (<vmi>_VARS.fd), the Secure Boot
+build and SMM when secureBoot is on (its default); no -kernel: the firmware boots the disks in
+their bootOrder (<boot order=N/> on each disk, QEMU's bootindex, strictly: a disk without one is
+never tried) and the NIC's option ROM is off (network/configurator.go). Each disk is virtio-blk
+with the VM's serial (the guest names it /dev/disk/by-id/virtio-SERIAL); the guest agent's
+virtio-serial port org.qemu.guest_agent.0 (converter/compute/channels.go); the serial console
+ttyS0 to a log (compute/console.go). PCIe layout as docs/pci-topology.md gives it: the NIC on bus
+1 (the guest calls it enp1s0), the virtio-serial controller and the disks on root ports after it.
+The network is QEMU's user network laid out like KubeVirt's masquerade binding (pkg/network/link/
 address.go: gateway 10.0.2.1, guest 10.0.2.2), with the VMI's ports forwarded from its address
 (the binding's nftables DNAT, pkg/network/setup/netpod/masquerade/masquerade.go); the guest reaches
 the host's 127.0.0.1 through the gateway address (libslirp, src/socket.c sotranslate_out).
@@ -27,6 +32,40 @@ from dataclasses import dataclass
 GATEWAY = "10.0.2.1"
 GUEST = "10.0.2.2"
 VIRTIO_BLK_ID_BYTES = 20  # QEMU hw/block/virtio-blk.c and Linux drivers/block/virtio_blk.c: the serial's bytes
+# Debian's ovmf package (4 MiB builds): plain, and the Secure Boot build with Microsoft's keys
+# enrolled, as KubeVirt's OVMF_CODE.secboot.fd / OVMF_VARS.secboot.fd are
+OVMF_DIR = "/usr/share/OVMF"
+OVMF = {False: ("OVMF_CODE_4M.fd", "OVMF_VARS_4M.fd"), True: ("OVMF_CODE_4M.secboot.fd", "OVMF_VARS_4M.ms.fd")}
+
+
+@dataclass(frozen=True)
+class Firmware:
+    """What boots the machine: SeaBIOS (QEMU's own), or OVMF with its code and this VMI's own
+    copy of the variable store."""
+    efi: bool = False
+    secure_boot: bool = False
+    code: str = ""
+    vars: str = ""
+
+
+def vmi_firmware(spec: dict) -> tuple[bool, bool]:
+    """(EFI, Secure Boot) of a VMI spec: BIOS unless bootloader.efi is given; its secureBoot is on
+    unless it says false (kubevirt virtwrap/manager.go: SecureBoot == nil || *SecureBoot)."""
+    bootloader = ((spec.get("domain") or {}).get("firmware") or {}).get("bootloader") or {}
+    efi = bootloader.get("efi")
+    if efi is None:
+        return False, False
+    return True, efi.get("secureBoot") is not False
+
+
+def ovmf_firmware(secure_boot: bool, vars_copy: str, directory: str = OVMF_DIR) -> Firmware:
+    """OVMF for one boot: the variable store is copied (a VMI's NVRAM starts from the template)."""
+    code, template = (os.path.join(directory, name) for name in OVMF[secure_boot])
+    for path in (code, template):
+        if not os.path.isfile(path):
+            raise RuntimeError(f"EFI OVMF roms missing ({path}): apt-get install ovmf")
+    shutil.copyfile(template, vars_copy)
+    return Firmware(efi=True, secure_boot=secure_boot, code=code, vars=vars_copy)
 
 
 @dataclass(frozen=True)
@@ -34,6 +73,7 @@ class Disk:
     path: str
     serial: str | None = None
     readonly: bool = False
+    boot_order: int | None = None
 
 
 @dataclass(frozen=True)
@@ -41,15 +81,13 @@ class Machine:
     name: str  # the VMI's name: the guest's DHCP hostname
     cpus: int
     memory_mib: int
-    kernel: str
-    initrd: str
-    cmdline: str
-    disks: tuple[Disk, ...]  # the boot disk first
+    disks: tuple[Disk, ...]
     forwards: tuple[tuple[str, int, int], ...]  # (address on this host, port there, port in the guest)
     agent_socket: str
     monitor_socket: str
     console_log: str
     accel: str = "tcg"  # "kvm" where it works
+    firmware: Firmware = Firmware()
 
 
 def command(m: Machine, exe: str = "qemu-system-x86_64") -> list[str]:
@@ -58,24 +96,33 @@ def command(m: Machine, exe: str = "qemu-system-x86_64") -> list[str]:
         if disk.serial is not None and len(disk.serial.encode()) > VIRTIO_BLK_ID_BYTES:
             raise ValueError(f"the serial {disk.serial!r} is longer than the {VIRTIO_BLK_ID_BYTES} bytes "
                              "virtio-blk gives a guest")
-    args = [exe, "-name", m.name, "-machine", f"q35,accel={m.accel}", "-cpu", "host" if m.accel == "kvm" else "max",
+    smm = "on" if m.firmware.secure_boot else "off"  # (the webhook refuses Secure Boot without SMM)
+    args = [exe, "-name", m.name, "-machine", f"q35,accel={m.accel},smm={smm}",
+            "-cpu", "host" if m.accel == "kvm" else "max",
             "-smp", f"{m.cpus},sockets={m.cpus},cores=1,threads=1", "-m", str(m.memory_mib),
-            "-nodefaults", "-display", "none", "-no-user-config",
-            "-kernel", m.kernel, "-initrd", m.initrd, "-append", m.cmdline,
+            "-nodefaults", "-display", "none", "-no-user-config", "-boot", "strict=on",
             "-serial", f"file:{m.console_log}", "-qmp", f"unix:{m.monitor_socket},server=on,wait=off"]
-    for n, disk in enumerate(m.disks):
-        drive = f"file={disk.path},if=none,id=disk{n},format=raw,discard=unmap" + (",readonly=on" if disk.readonly else "")
-        device = f"virtio-blk-pci,drive=disk{n}" + (f",serial={disk.serial}" if disk.serial else "") + \
-            (",bootindex=1" if n == 0 else "")
-        args += ["-drive", drive, "-device", device]
-    args += ["-device", "virtio-serial-pci",
-             "-chardev", f"socket,id=agent,path={m.agent_socket},server=on,wait=off",
-             "-device", "virtserialport,chardev=agent,name=org.qemu.guest_agent.0"]
+    if m.firmware.efi:
+        if m.firmware.secure_boot:
+            args += ["-global", "driver=cfi.pflash01,property=secure,value=on"]
+        args += ["-drive", f"if=pflash,format=raw,unit=0,readonly=on,file={m.firmware.code}",
+                 "-drive", f"if=pflash,format=raw,unit=1,file={m.firmware.vars}"]
     forwards = "".join(f",hostfwd=tcp:{addr}:{port}-{GUEST}:{guest_port}" for addr, port, guest_port in m.forwards)
+    # bus 1: the NIC (enp1s0), without its option ROM (no PXE: it has no boot order)
     args += ["-device", "pcie-root-port,id=rp1,chassis=1,bus=pcie.0",
              "-netdev", f"user,id=net0,net=10.0.2.0/24,host={GATEWAY},dhcpstart={GUEST},dns=10.0.2.3,"
                         f"hostname={m.name}{forwards}",
-             "-device", "virtio-net-pci,netdev=net0,bus=rp1"]
+             "-device", "virtio-net-pci,netdev=net0,bus=rp1,romfile=",
+             "-device", "pcie-root-port,id=rp2,chassis=2,bus=pcie.0",
+             "-device", "virtio-serial-pci,bus=rp2",
+             "-chardev", f"socket,id=agent,path={m.agent_socket},server=on,wait=off",
+             "-device", "virtserialport,chardev=agent,name=org.qemu.guest_agent.0"]
+    for n, disk in enumerate(m.disks):
+        port = f"rp{n + 3}"
+        drive = f"file={disk.path},if=none,id=disk{n},format=raw,discard=unmap" + (",readonly=on" if disk.readonly else "")
+        device = f"virtio-blk-pci,drive=disk{n},bus={port}" + (f",serial={disk.serial}" if disk.serial else "") + \
+            (f",bootindex={disk.boot_order}" if disk.boot_order else "")
+        args += ["-device", f"pcie-root-port,id={port},chassis={n + 3},bus=pcie.0", "-drive", drive, "-device", device]
     return args
 
 

@@ -24,6 +24,24 @@ from kubevirt_spawner import demo
 
 from simtools import api_client, hub_kubeconfig, sim_api, start_sim
 
+GOLDEN_BUILD = Path(__file__).resolve().parents[2] / "deploy" / "golden-image" / "build.sh"
+
+
+def build_golden_image(*options: str) -> Path:
+    """A golden image built by the recipe a platform team runs, cached by the recipe's hash: each
+    recipe is built once per machine (once per CI run)."""
+    import subprocess
+    done = subprocess.run(["bash", str(GOLDEN_BUILD), *options], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, timeout=2400, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def golden_image() -> Path:
+    """The Debian 12 image the QEMU tests boot (build.sh's defaults: BIOS and EFI)."""
+    return build_golden_image()
+
 E2E_SPEED = 20.0
 # The demo gives every machine a workspace disk; the hub tests that count a machine's disks use a
 # hub config without one (also a supported setup: /home on the system disk).

@@ -17,41 +17,16 @@ from pathlib import Path
 
 import pytest
 import requests
-from conftest import E2E_SPEED, SERVICE_API, Cluster, Hub, hub_with_service
+from conftest import E2E_SPEED, GOLDEN_BUILD, SERVICE_API, Cluster, Hub, hub_with_service
+from guests import BOOT_TIMEOUT, GRACE, QEMU_CONFIG, holds, hub_token, run_as, volume_images
 
 from simtools import start_sim, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
-BUILD = REPO / "deploy" / "golden-image" / "build.sh"
-USER = "alice"
+BUILD = GOLDEN_BUILD
+USER = "alice"  # boots through SeaBIOS (the spawner's default firmware, bios: KubeVirt's default)
 NS, VM = f"notebook-{USER}", f"{USER}-workstation"
-GRACE = 90  # the machine's terminationGracePeriodSeconds
-BOOT_TIMEOUT = 600  # a cold boot under TCG on a busy 2-CPU machine takes 70-80 s; leave room
-# How the guest reaches this machine: QEMU's user network maps the gateway to the host's 127.0.0.1
-# (kubevirt_spawner.sim.qemu), as a real guest reaches the hub's Service.
-QEMU_CONFIG = f"""
-import os
-c.KubeVirtSpawner.hub_connect_url = "http://10.0.2.1:" + os.environ["KUBEVIRT_DEMO_HUB_PORT"]
-c.KubeVirtSpawner.workstations_url = "http://10.0.2.1:" + os.environ["KUBEVIRT_DEMO_SERVICE_PORT"] + "/services/workstations/"
-c.KubeVirtSpawner.root_disk_size = "6Gi"
-c.KubeVirtSpawner.workspace_disk_size = "2Gi"
-c.KubeVirtSpawner.termination_grace_period = {GRACE}
-c.KubeVirtSpawner.start_timeout = {BOOT_TIMEOUT}
-c.KubeVirtSpawner.http_timeout = {BOOT_TIMEOUT - 60}
-c.KubeVirtSpawner.profile_list = [
-    {{"display_name": "Test machine: 2 CPUs, 2 GiB", "slug": "small", "default": True,
-      "kubevirt_override": {{"cpu_guarantee": 2, "mem_guarantee": "2G"}}}},
-]
-"""
-
-
-@pytest.fixture(scope="module")
-def golden_image() -> Path:
-    """The test image, built by the recipe a platform team runs (cached by the recipe's hash)."""
-    done = subprocess.run(["bash", str(BUILD)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          timeout=1800, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return Path(done.stdout.strip().splitlines()[-1])
+EFI_USER = "bob"  # boots through OVMF (the profile's firmware: efi, Secure Boot off)
 
 
 @pytest.fixture(scope="module")
@@ -79,10 +54,8 @@ def ssh_key(tmp_path_factory) -> Path:
     return key
 
 
-def sh(hub: Hub, command: str) -> str:
-    """A shell command run by the user on the machine (sudo works: the owner administers it)."""
-    return hub.execute(USER, f"import subprocess\nprint(subprocess.run({command!r}, shell=True, check=True, "
-                    "capture_output=True, text=True).stdout, end='')")
+def sh(hub: Hub, command: str, user: str = USER) -> str:
+    return run_as(hub, user, command)
 
 
 def qemu_running(cluster: Cluster) -> bool:
@@ -106,10 +79,10 @@ def agent(cluster: Cluster, call: str) -> dict:
 
 
 def golden_file(golden_image: Path, path: str) -> str | None:
-    """A file of the golden image's root filesystem (debugfs reads its partition in place); None
-    when there is no such file."""
+    """A file of the golden image's root filesystem (debugfs reads its partition, the last, in
+    place); None when there is no such file."""
     start = json.loads(subprocess.run(["sfdisk", "--json", str(golden_image / "disk.raw")], capture_output=True,
-                                      text=True, check=True).stdout)["partitiontable"]["partitions"][0]["start"]
+                                      text=True, check=True).stdout)["partitiontable"]["partitions"][-1]["start"]
     done = subprocess.run(["debugfs", "-R", f"cat {path}", f"{golden_image / 'disk.raw'}?offset={start * 512}"],
                           capture_output=True, text=True, check=True)
     return None if "File not found" in done.stderr else done.stdout
@@ -194,6 +167,14 @@ def test_alice_has_a_real_machine_that_keeps_what_she_installs(hub: Hub, cluster
     assert stopped_in < GRACE, stopped_in
     console = console_log(cluster).read_text(errors="replace")
     assert "reboot: Power down" in console  # the guest shut down; nothing killed it
+    # SeaBIOS ran GRUB from the disk, and GRUB the disk's own kernel (no kernel given to QEMU)
+    assert "GNU GRUB" in console and "root=UUID=" in console, console[:3000]
+    # the hub's token of that boot is on the env disk only: not on the system or workspace disk
+    token = hub_token(cluster, NS, f"{USER}-hub-env")
+    images = volume_images(cluster, NS)
+    assert set(images) == {f"{USER}-rootdisk", f"{USER}-workspace"}, images
+    for claim, image in images.items():
+        assert not holds(image, token), f"the hub's token is on {claim}"
 
     began = time.monotonic()
     hub.start_server(USER, timeout=BOOT_TIMEOUT)
@@ -239,3 +220,33 @@ def test_an_online_snapshot_is_application_consistent_and_restores(hub: Hub, clu
     hub.wait_ready(USER, timeout=BOOT_TIMEOUT)
     assert sh(hub, "cat /opt/state /etc/alice.conf") == "before\ntuned\n"
 
+
+
+def test_a_clone_boots_through_efi_too(hub: Hub, cluster: Cluster):
+    """bob's profile says firmware efi: his VM asks for OVMF with Secure Boot off, and OVMF boots
+    the same golden image from its EFI system partition (the removable-media path: a new VMI's
+    variable store has no boot entry). His clone is his own, keeps what he writes across a stop
+    and a start, and his token stays off his disks. Upstream: kubevirt
+    pkg/virt-launcher/virtwrap/efi/efi.go, converter/compute/os.go, virtwrap/manager.go."""
+    ns, vm = f"notebook-{EFI_USER}", f"{EFI_USER}-workstation"
+    if (hub.server_model(USER) or {}).get("ready"):
+        hub.stop_server(USER, timeout=GRACE + 60)  # (two TCG guests at once would halve each)
+    hub.ensure_user(EFI_USER)
+    hub.start_server(EFI_USER, profile="efi", timeout=BOOT_TIMEOUT)
+    assert cluster.vm(ns, vm)["spec"]["template"]["spec"]["domain"]["firmware"] == \
+        {"bootloader": {"efi": {"secureBoot": False}}}
+    lab = hub.http.get(f"{hub.url}/user/{EFI_USER}/lab", timeout=60)
+    assert lab.status_code == 200 and "JupyterLab" in lab.text, lab.status_code
+    assert "FAIL" not in sh(hub, "sudo /usr/local/sbin/verify-clone.sh", EFI_USER)
+    assert sh(hub, "test -d /sys/firmware/efi && echo efi", EFI_USER) == "efi\n"
+    sh(hub, "echo b | sudo tee /etc/bob.conf && sudo mkdir -p /opt/b && echo 2 | sudo tee /opt/b/V && "
+            "echo his > ~/h.txt", EFI_USER)
+    hub.stop_server(EFI_USER, timeout=GRACE + 60)
+    console = (Path(cluster.sim.sim.state_dir) / "guests" / f"{ns}_{vm}.console.log").read_text(errors="replace")
+    assert "BdsDxe" in console and "Welcome to GRUB" in console, console[:3000]
+    token = hub_token(cluster, ns, f"{EFI_USER}-hub-env")
+    for claim, image in volume_images(cluster, ns).items():
+        assert not holds(image, token), f"the hub's token is on {claim}"
+    hub.start_server(EFI_USER, profile="efi", timeout=BOOT_TIMEOUT)
+    assert sh(hub, "cat /etc/bob.conf /opt/b/V ~/h.txt", EFI_USER) == "b\n2\nhis\n"
+    hub.stop_server(EFI_USER, timeout=GRACE + 60)
