@@ -31,7 +31,7 @@ from pathlib import Path
 import requests
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "e2e")]
+sys.path[:0] = [str(REPO / "tests" / "e2e"), str(REPO / "tests")]
 
 from conftest import E2E_SPEED, SERVICE_API, Hub  # noqa: E402  (the e2e harness: hub, proxy, simulator)
 
@@ -53,7 +53,7 @@ c.KubeVirtSpawner.profile_list = [
 ]
 """
 MARKS = {"grub": ("GNU GRUB", "Welcome to GRUB"), "kernel": ("Linux version",),
-         "userspace": ("Welcome to ",), "login": (" login: ",)}
+         "userspace": ("Welcome to \x1b[1m",), "login": (" login: ",)}  # (systemd's banner, in bold)
 
 
 class ConsoleWatch(threading.Thread):
@@ -82,6 +82,13 @@ class ConsoleWatch(threading.Thread):
             time.sleep(0.05)
 
 
+def lab_answers(hub: Hub, user: str) -> bool:
+    """JupyterLab's page from the user's server, through the proxy (until it answers, the proxy
+    sends /user/NAME/ to the hub, which redirects to its spawn-pending page)."""
+    r = hub.http.get(f"{hub.url}/user/{user}/lab", timeout=30, allow_redirects=False)
+    return r.status_code == 200 and "JupyterLab" in r.text
+
+
 def boot(hub: Hub, state: Path, user: str, profile: str) -> dict:
     ns, vm = f"notebook-{user}", f"{user}-workstation"
     console = state / "guests" / f"{ns}_{vm}.console.log"
@@ -91,8 +98,7 @@ def boot(hub: Hub, state: Path, user: str, profile: str) -> dict:
     began = time.monotonic()
     r = hub.request_start(user, "", profile)
     assert r.status_code in (201, 202), r.text
-    wait_for(lambda: hub.http.get(f"{hub.url}/user/{user}/lab", timeout=30).status_code == 200, 900, interval=0.2,
-             what="JupyterLab through the hub")
+    wait_for(lambda: lab_answers(hub, user), 900, interval=0.2, what="JupyterLab through the hub")
     lab = time.monotonic()
     hub.wait_ready(user, "", 120)
     qemu = subprocess.run(["pgrep", "-af", f"-name {vm} "], capture_output=True, text=True).stdout
@@ -103,7 +109,8 @@ def boot(hub: Hub, state: Path, user: str, profile: str) -> dict:
     def since(mark, start=q):
         return round(seen[mark] - start, 1) if mark in seen and start is not None else None
     analyze = hub.execute(user, "import subprocess\nfor a in (['systemd-analyze'], ['systemd-analyze', "
-                          "'critical-chain', 'kubevirt-workstation.service']):\n"
+                          "'critical-chain', 'kubevirt-workstation.service'], ['sudo', 'journalctl', '-b', "
+                          "'-u', 'kubevirt-workstation', '-o', 'short-monotonic', '--no-pager']):\n"
                           "    print(subprocess.run(a, capture_output=True, text=True).stdout)")
     return {"firmware_to_grub_s": since("grub"), "grub_to_kernel_s": since("kernel", seen.get("grub")),
             "kernel_to_userspace_s": since("userspace", seen.get("kernel")), "qemu_to_login_prompt_s": since("login"),

@@ -138,3 +138,51 @@ def test_the_efi_partition_holds_grub_at_the_removable_media_path(make_disk, tmp
     info = subprocess.run(["minfo", "-i", place], capture_output=True, text=True, check=True,
                           env={"MTOOLS_SKIP_CHECK": "1", "PATH": "/usr/bin:/bin"}).stdout
     assert "serial number: ABCD1234" in info or "ABCD-1234" in info, info
+
+
+def ini(path: pathlib.Path) -> dict[str, list[tuple[str, str]]]:
+    """A systemd unit or .network file's sections, each a list of (key, value) in order."""
+    sections: dict[str, list[tuple[str, str]]] = {}
+    current = None
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("["):
+            current = sections.setdefault(line.strip("[]"), [])
+        else:
+            key, _, value = line.partition("=")
+            current.append((key, value))
+    return sections
+
+
+def test_the_network_is_every_ethernet_nic_whatever_its_name_and_mac():
+    """KubeVirt writes the VM's network data verbatim (pkg/cloud-init/cloud-init.go) and a VMI's
+    MAC changes from start to start unless the VM fixes it, so the image matches by type. For
+    dual-stack masquerade, virt-launcher's DHCPv6 server (pkg/network/dhcp/serverv6) gives the
+    address without a router advertisement: the client solicits anyway, and the route goes to the
+    binding's gateway (pkg/virt-launcher/virtwrap/api/defaults.go: fd10:0:2::/120)."""
+    network = ini(RECIPE / "network.network")
+    assert network["Match"] == [("Type", "ether"), ("Kind", "!*")]
+    assert ("DHCP", "yes") in network["Network"]
+    assert network["DHCPv6"] == [("WithoutRA", "solicit")]
+    assert dict(network["Route"]) == {"Gateway": "fd10:0:2::1", "GatewayOnLink": "yes"}
+    cloud = (RECIPE / "cloud.cfg").read_text()
+    assert "network:\n  config: disabled" in cloud
+    # nothing that installs packages runs at boot
+    assert "package-update-upgrade-install" not in cloud and "apt-configure" not in cloud
+
+
+def test_the_workstation_unit_starts_beside_cloud_init_not_after_it():
+    """Jupyter's start-up overlaps cloud-init's and the network's (sysinit.target waits for
+    cloud-init.service, which waits for network-online.target): the unit leaves the default
+    dependencies out and names the ones it needs, the env disk's device among them, and still
+    stops before the machine does (systemd.special(7), systemd.unit(5) DefaultDependencies=)."""
+    unit = ini(RECIPE / "kubevirt-workstation.service")["Unit"]
+    keys = {}
+    for key, value in unit:
+        keys.setdefault(key, []).extend(value.split())
+    assert keys["DefaultDependencies"] == ["no"]
+    assert {"local-fs.target", "systemd-journald.socket", "dev-disk-by\\x2did-virtio\\x2dhubenv.device"} <= set(keys["After"])
+    assert "network-online.target" not in keys["After"] and "cloud-init.service" not in keys["After"]
+    assert keys["Conflicts"] == ["shutdown.target"] and keys["Before"] == ["shutdown.target"]

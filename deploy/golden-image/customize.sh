@@ -43,8 +43,18 @@ rm -rf "$root/tmp/wheels"
 in_root systemctl enable kubevirt-workstation.service ssh-host-keys.service systemd-timesyncd.service \
   systemd-networkd.service systemd-resolved.service
 ln -sf ../run/systemd/resolve/stub-resolv.conf "$root/etc/resolv.conf"
+for unit in cloud-init cloud-config cloud-final; do
+  install -D -m 0644 "$here/cloud-init-background.conf" "$root/etc/systemd/system/$unit.service.d/50-background.conf"
+done
 
-# The kernel: the newest the image has (the kernel package's postinst made its initramfs).
+# A small initramfs (36 MB with Debian's MODULES=most, read by GRUB and unpacked at every boot):
+# only what finds and mounts the root of a KubeVirt VM, on each disk bus KubeVirt offers (virtio,
+# sata, scsi). Kept for the kernels users install later.
+install -m 0644 "$here/initramfs.conf" "$root/etc/initramfs-tools/conf.d/90-kubevirt-workstation.conf"
+cat "$here/initramfs-modules" >> "$root/etc/initramfs-tools/modules"
+in_root update-initramfs -u -k all
+
+# The kernel: the newest the image has, with its initramfs.
 kernel_version=$(find "$root/boot" -maxdepth 1 -name 'vmlinuz-*' -printf '%f\n' | sed 's/^vmlinuz-//' | sort -V | tail -1)
 if [ -z "$kernel_version" ] || [ ! -s "$root/boot/initrd.img-$kernel_version" ]; then
   echo "customize.sh: the image has no kernel and initramfs in /boot" >&2; exit 1

@@ -6,8 +6,6 @@ Enable it with ``c.ServerApp.jpserver_extensions = {"kubevirt_spawner.guest": Tr
 It imports nothing else of kubevirt_spawner: the guest never carries the hub's code.
 """
 
-from . import activity
-from .proxy import ActivityReporter, setup_handlers
 
 
 def _jupyter_server_extension_points():
@@ -15,6 +13,10 @@ def _jupyter_server_extension_points():
 
 
 def _load_jupyter_server_extension(serverapp):
+    # Imported here, not with the package: the workstation unit's `kubevirt-workstation`
+    # (guest.launch) only execs Jupyter, and Jupyter's modules cost it seconds of a boot.
+    from . import activity
+    from .proxy import ActivityReporter, setup_handlers
     guest = setup_handlers(serverapp)
     # what keeps the machine busy beyond Jupyter (logins, GPUs): the hub's activity, and the why
     activity.start(serverapp, ActivityReporter(guest))

@@ -110,7 +110,7 @@ def command(m: Machine, exe: str = "qemu-system-x86_64") -> list[str]:
     forwards = "".join(f",hostfwd=tcp:{addr}:{port}-{GUEST}:{guest_port}" for addr, port, guest_port in m.forwards)
     # bus 1: the NIC (enp1s0), without its option ROM (no PXE: it has no boot order)
     args += ["-device", "pcie-root-port,id=rp1,chassis=1,bus=pcie.0",
-             "-netdev", f"user,id=net0,net=10.0.2.0/24,host={GATEWAY},dhcpstart={GUEST},dns=10.0.2.3,"
+             "-netdev", f"user,id=net0,ipv6=off,net=10.0.2.0/24,host={GATEWAY},dhcpstart={GUEST},dns=10.0.2.3,"
                         f"hostname={m.name}{forwards}",
              "-device", "virtio-net-pci,netdev=net0,bus=rp1,romfile=",
              "-device", "pcie-root-port,id=rp2,chassis=2,bus=pcie.0",
