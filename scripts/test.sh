@@ -8,13 +8,15 @@ if ! command -v kubectl >/dev/null 2>&1; then
   exit 1
 fi
 # Debian packages the tests use: Chromium for the browser tests (never a browser Playwright
-# downloads); xorriso for the configuration disks of QEMU guests; mmdebstrap, fdisk, QEMU for the
-# golden image; shellcheck for the deploy scripts.
+# downloads); xorriso for the configuration disks of QEMU guests; mmdebstrap, fdisk, dosfstools
+# and mtools (the EFI partition) for the golden image; QEMU and OVMF (UEFI firmware; SeaBIOS comes
+# with QEMU) to boot it; shellcheck for the deploy scripts.
 needed=()
 for pair in /usr/bin/chromium:chromium /usr/bin/xorrisofs:xorriso /usr/bin/mmdebstrap:mmdebstrap \
-            /usr/sbin/sfdisk:fdisk /usr/bin/qemu-system-x86_64:qemu-system-x86 /usr/bin/qemu-img:qemu-utils \
-            /usr/bin/shellcheck:shellcheck; do
-  [ -x "${pair%%:*}" ] || needed+=("${pair#*:}")
+            /usr/sbin/sfdisk:fdisk /usr/sbin/mkfs.fat:dosfstools /usr/bin/mcopy:mtools \
+            /usr/bin/qemu-system-x86_64:qemu-system-x86 /usr/bin/qemu-img:qemu-utils \
+            /usr/share/OVMF/OVMF_CODE_4M.fd:ovmf /usr/bin/shellcheck:shellcheck; do
+  [ -e "${pair%%:*}" ] || needed+=("${pair#*:}")
 done
 if [ ${#needed[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

@@ -135,7 +135,9 @@ fi
 key=$( { for f in "$here"/*; do [ -f "$f" ] && cat "$f"; done
          echo "$suite $size $firmware $gpu $cuda_toolkit"; echo "$sources"
          # (the wheel's files; not its METADATA, which carries the README, nor RECORD)
-         unzip -p "$wheel" -x '*.dist-info/METADATA' '*.dist-info/RECORD' 2>/dev/null | sha256sum; } | sha256sum | cut -c1-16)
+         python3 -c 'import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); [sys.stdout.buffer.write(z.read(n))
+for n in sorted(z.namelist()) if not n.endswith((".dist-info/METADATA", ".dist-info/RECORD"))]' "$wheel"
+       } | sha256sum | cut -c1-16)
 out=${out:-$cache/$key}
 if [ -s "$out/image.json" ] && grep -q "\"recipe\": \"$key\"" "$out/image.json"; then
   echo "build.sh: $out is this recipe's image (cached)" >&2
