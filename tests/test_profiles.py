@@ -61,6 +61,7 @@ def test_bad_profile_lists_fail_at_start_up_naming_the_setting(bad, message):
 
 @pytest.mark.parametrize("setting,value,message", [
     ("golden_image", "just-a-name", "golden_image = 'just-a-name'"),
+    ("firmware", "uefi", "firmware"),
     ("root_disk_size", "big", "root_disk_size = 'big'"),
     ("vm_name_template", "{user_server}_vm", "vm_name_template"),
     ("service_name_template", "{nope}", "service_name_template"),
@@ -88,3 +89,16 @@ def test_profile_override_values_are_validated_like_settings():
     with pytest.raises(WorkstationError, match="invalid mem_guarantee") as caught:
         spawner._machine_spec(prof.normalise(c.KubeVirtSpawner.profile_list)[0])
     assert caught.value.reason == "profile"
+
+
+def test_a_profile_chooses_the_firmware_of_its_golden_image():
+    """A profile with another golden image may boot it through other firmware; a value KubeVirt's
+    bootloader field has no kind for is refused with the profile's name."""
+    from kubevirt_spawner.workstation import WorkstationError
+    spawner = KubeVirtSpawner(config=Config())
+    assert spawner._machine_spec({"slug": "plain"}).firmware == "bios"
+    efi = {"slug": "efi-image", "kubevirt_override": {"golden_image": "vm-images/efi-only", "firmware": "efi"}}
+    assert spawner._machine_spec(efi).firmware == "efi"
+    bad = {"slug": "odd", "kubevirt_override": {"firmware": "coreboot"}}
+    with pytest.raises(WorkstationError, match="Profile 'odd' has an invalid firmware"):
+        spawner._machine_spec(bad)

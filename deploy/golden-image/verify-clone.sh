@@ -8,6 +8,8 @@ check() {  # check NAME CONDITION-COMMAND...
   name=$1; shift
   if "$@" >/dev/null 2>&1; then echo "ok    $name"; else echo "FAIL  $name"; failed=1; fi
 }
+# cloud-init's later stages run in the background beside Jupyter: wait for them (2 minutes at most)
+timeout 120 cloud-init status --wait >/dev/null 2>&1 || true
 sealed=$(cat /etc/kubevirt-workstation/sealed-at 2>/dev/null || echo 0)
 machine_id=$(cat /etc/machine-id 2>/dev/null || true)
 check "machine-id is set (not the sealed image's 'uninitialized')" \
