@@ -67,9 +67,8 @@ class ConsoleWatch(threading.Thread):
     def run(self):
         offset, text = 0, ""
         while not self.done.is_set():
-            if "qemu" not in self.seen and self.path.exists() and self.path.stat().st_size >= 0:
-                self.seen["qemu"] = time.monotonic()
             if self.path.exists():
+                self.seen.setdefault("qemu", time.monotonic())
                 with open(self.path, "rb") as f:
                     f.seek(offset)
                     chunk = f.read()

@@ -7,7 +7,9 @@ import base64
 import os
 from pathlib import Path
 
-from conftest import Cluster, Hub
+from conftest import E2E_SPEED, Cluster, Hub
+
+from simtools import start_sim
 
 GRACE = 90  # the machine's terminationGracePeriodSeconds
 BOOT_TIMEOUT = 600  # a cold boot under TCG on a busy 2-CPU machine takes 70-80 s; leave room
@@ -29,6 +31,13 @@ c.KubeVirtSpawner.profile_list = [
       "kubevirt_override": {{"cpu_guarantee": 2, "mem_guarantee": "2G", "firmware": "efi"}}}},
 ]
 """
+
+
+def qemu_simulator(image: Path, tmp_path_factory):
+    """A simulator whose guests boot `image` under QEMU: a module fixture's body (`yield from`)."""
+    s = start_sim(tmp_path_factory.mktemp("cluster"), speed=E2E_SPEED, guest_mode="qemu", golden_image=str(image))
+    yield s
+    s.stop()
 
 
 def run_as(hub: Hub, user: str, command: str) -> str:

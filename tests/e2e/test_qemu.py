@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 import requests
-from conftest import E2E_SPEED, GOLDEN_BUILD, SERVICE_API, Cluster, Hub, hub_with_service
-from guests import BOOT_TIMEOUT, GRACE, QEMU_CONFIG, holds, hub_token, run_as, volume_images
+from conftest import GOLDEN_BUILD, SERVICE_API, Cluster, Hub, hub_with_service
+from guests import BOOT_TIMEOUT, GRACE, QEMU_CONFIG, holds, hub_token, qemu_simulator, run_as, volume_images
 
-from simtools import start_sim, wait_for
+from simtools import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = GOLDEN_BUILD
@@ -31,10 +31,7 @@ EFI_USER = "bob"  # boots through OVMF (the profile's firmware: efi, Secure Boot
 
 @pytest.fixture(scope="module")
 def qemu_sim(golden_image, tmp_path_factory):
-    s = start_sim(tmp_path_factory.mktemp("cluster"), speed=E2E_SPEED, guest_mode="qemu",
-                  golden_image=str(golden_image))
-    yield s
-    s.stop()
+    yield from qemu_simulator(golden_image, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

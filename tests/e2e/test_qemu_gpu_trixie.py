@@ -17,10 +17,8 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import E2E_SPEED, Cluster, Hub, build_golden_image, hub_with_service
-from guests import BOOT_TIMEOUT, GRACE, QEMU_CONFIG, holds, hub_token, run_as, volume_images
-
-from simtools import start_sim
+from conftest import Cluster, Hub, build_golden_image, hub_with_service
+from guests import BOOT_TIMEOUT, GRACE, QEMU_CONFIG, holds, hub_token, qemu_simulator, run_as, volume_images
 
 USER = "tess"
 
@@ -32,10 +30,7 @@ def trixie_gpu_image() -> Path:
 
 @pytest.fixture(scope="module")
 def trixie_sim(trixie_gpu_image, tmp_path_factory):
-    s = start_sim(tmp_path_factory.mktemp("cluster"), speed=E2E_SPEED, guest_mode="qemu",
-                  golden_image=str(trixie_gpu_image))
-    yield s
-    s.stop()
+    yield from qemu_simulator(trixie_gpu_image, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
