@@ -52,7 +52,7 @@ c.KubeVirtSpawner.profile_list = [
      "kubevirt_override": {"cpu_guarantee": 2, "mem_guarantee": "2G", "firmware": "efi"}},
 ]
 """
-MARKS = {"grub": ("GNU GRUB", "Welcome to GRUB"), "kernel": ("Linux version",),
+MARKS = {"grub": ("Loading Linux",), "kernel": ("Linux version",),
          "userspace": ("Welcome to \x1b[1m",), "login": (" login: ",)}  # (systemd's banner, in bold)
 
 

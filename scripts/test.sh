@@ -10,12 +10,15 @@ fi
 # Debian packages the tests use: Chromium for the browser tests (never a browser Playwright
 # downloads); xorriso for the configuration disks of QEMU guests; mmdebstrap, fdisk, dosfstools
 # and mtools (the EFI partition) for the golden image; QEMU and OVMF (UEFI firmware; SeaBIOS comes
-# with QEMU) to boot it; shellcheck for the deploy scripts.
+# with QEMU) to boot it; dnsmasq and iproute2 for a guest on a dual-stack pod network (the DHCP
+# servers of virt-launcher's masquerade binding, a network namespace); shellcheck for the deploy
+# scripts.
 needed=()
 for pair in /usr/bin/chromium:chromium /usr/bin/xorrisofs:xorriso /usr/bin/mmdebstrap:mmdebstrap \
             /usr/sbin/sfdisk:fdisk /usr/sbin/mkfs.fat:dosfstools /usr/bin/mcopy:mtools \
             /usr/bin/qemu-system-x86_64:qemu-system-x86 /usr/bin/qemu-img:qemu-utils \
-            /usr/share/OVMF/OVMF_CODE_4M.fd:ovmf /usr/bin/shellcheck:shellcheck; do
+            /usr/share/OVMF/OVMF_CODE_4M.fd:ovmf /usr/sbin/dnsmasq:dnsmasq-base /usr/sbin/ip:iproute2 \
+            /usr/bin/shellcheck:shellcheck; do
   [ -e "${pair%%:*}" ] || needed+=("${pair#*:}")
 done
 if [ ${#needed[@]} -gt 0 ]; then

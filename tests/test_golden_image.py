@@ -43,6 +43,8 @@ def test_each_suite_gets_its_own_python_kernel_and_archive(suite, python, kernel
     assert f"--python-version {python}" in pip and f"--abi cp{python.replace('.', '')}" in pip
     assert kernel in p["packages"]
     assert {"grub-pc-bin", "grub-efi-amd64-bin", "qemu-guest-agent", "cloud-init", "openssh-server"} <= set(p["packages"])
+    # the initramfs compressor initramfs.conf names (without it, initramfs-tools falls back to gzip)
+    assert "zstd" in p["packages"] and "COMPRESS=zstd" in (RECIPE / "initramfs.conf").read_text().split()
     # the archive is the suite's: its own suite, -updates and -security lines
     assert all(f" {suite}" in line for line in p["sources"]) and len(p["sources"]) == 3
     assert p["fstab_root"] == "UUID" and p["firmware"] == ["bios", "efi"]
@@ -186,3 +188,33 @@ def test_the_workstation_unit_starts_beside_cloud_init_not_after_it():
     assert {"local-fs.target", "systemd-journald.socket", "dev-disk-by\\x2did-virtio\\x2dhubenv.device"} <= set(keys["After"])
     assert "network-online.target" not in keys["After"] and "cloud-init.service" not in keys["After"]
     assert keys["Conflicts"] == ["shutdown.target"] and keys["Before"] == ["shutdown.target"]
+
+
+def test_the_guest_agent_starts_when_its_port_appears_not_after_cloud_init():
+    """The spawner waits for KubeVirt's AgentConnected (the agent answering on its virtio-serial
+    channel, pkg/virt-handler/rest/ and pkg/virt-launcher/virtwrap/agent-poller/ in kubevirt),
+    and Debian's qemu-guest-agent.service has default dependencies: after sysinit.target, so
+    after cloud-init's network stage. The image's drop-in leaves them out, keeps the ordering
+    after the local filesystems and the clean stop, and is installed where systemd reads it."""
+    unit = ini(RECIPE / "qemu-guest-agent-early.conf")["Unit"]
+    keys = {}
+    for key, value in unit:
+        keys.setdefault(key, []).extend(value.split())
+    assert keys["DefaultDependencies"] == ["no"]
+    assert {"local-fs.target", "systemd-journald.socket"} == set(keys["After"])
+    assert keys["Conflicts"] == ["shutdown.target"] and keys["Before"] == ["shutdown.target"]
+    assert ('"$here/qemu-guest-agent-early.conf" '
+            '"$root/etc/systemd/system/qemu-guest-agent.service.d/50-early.conf"') in (RECIPE / "customize.sh").read_text()
+
+
+def test_grub_boots_at_once_and_falls_back_to_the_previous_kernel():
+    """No menu wait (Debian's and Ubuntu's cloud images set GRUB_TIMEOUT=0; timeout_style=hidden
+    cost 3 s here before GRUB went on); the entry says on the console what it loads; `fallback`
+    names the previous-kernel entry, which exists only when the kernel package left a .old link
+    (GRUB manual: timeout, timeout_style, fallback)."""
+    cfg = (RECIPE / "grub.cfg").read_text()
+    lines = [line.strip() for line in cfg.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    assert "set timeout=0" in lines and not any(x.startswith("set timeout_style") for x in lines)
+    assert lines.index("echo 'Loading Linux ...'") < next(i for i, x in enumerate(lines) if x.startswith("linux "))
+    guard = lines.index("if [ -f @LINK_DIR@/vmlinuz.old ]; then")
+    assert lines[guard + 1] == "set fallback=1" and "initrd @LINK_DIR@/initrd.img.old" in lines[guard:]

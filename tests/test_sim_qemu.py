@@ -46,6 +46,16 @@ def test_the_command_line_is_the_domain_virt_launcher_defines():
     assert "-cpu host" in " ".join(qemu.command(machine(accel="kvm")))
 
 
+def test_a_tap_nic_takes_the_place_of_the_user_network_on_the_same_bus():
+    """A test plays the pod's side of the masquerade binding behind a tap device: the NIC stays
+    where KubeVirt puts it; forwards belong to the user network and are refused with a tap."""
+    args = qemu.command(machine(forwards=(), tap="tap0"))
+    assert args[args.index("-netdev") + 1] == "tap,id=net0,ifname=tap0,script=no,downscript=no"
+    assert "virtio-net-pci,netdev=net0,bus=rp1,romfile=" in args
+    with pytest.raises(ValueError, match="no forwards"):
+        qemu.command(machine(tap="tap0"))
+
+
 @pytest.mark.parametrize("efi,expected", [
     (None, (False, False)),
     ({"bios": {}}, (False, False)),

@@ -87,7 +87,7 @@ esac
 case $size in *[0-9][GM]) ;; *) die "--size is a number with G or M (for example 8G), not $size";; esac
 
 packages=(
-  "$kernel" initramfs-tools systemd-sysv systemd-timesyncd systemd-resolved udev dbus
+  "$kernel" initramfs-tools zstd systemd-sysv systemd-timesyncd systemd-resolved udev dbus
   grub-pc-bin grub-efi-amd64-bin
   cloud-init cloud-guest-utils
   qemu-guest-agent openssh-server sudo logrotate

@@ -46,6 +46,7 @@ ln -sf ../run/systemd/resolve/stub-resolv.conf "$root/etc/resolv.conf"
 for unit in cloud-init cloud-config cloud-final; do
   install -D -m 0644 "$here/cloud-init-background.conf" "$root/etc/systemd/system/$unit.service.d/50-background.conf"
 done
+install -D -m 0644 "$here/qemu-guest-agent-early.conf" "$root/etc/systemd/system/qemu-guest-agent.service.d/50-early.conf"
 
 # A small initramfs (36 MB with Debian's MODULES=most, read by GRUB and unpacked at every boot):
 # only what finds and mounts the root of a KubeVirt VM, on each disk bus KubeVirt offers (virtio,

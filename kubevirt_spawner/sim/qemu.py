@@ -88,6 +88,11 @@ class Machine:
     console_log: str
     accel: str = "tcg"  # "kvm" where it works
     firmware: Firmware = Firmware()
+    # The NIC's other end. None: QEMU's user network, which plays the pod side of KubeVirt's
+    # masquerade binding for IPv4 (its DHCP, the gateway, the forwards). A tap device's name: the
+    # device, in the network namespace QEMU runs in, where a caller plays that side itself
+    # (virt-launcher's DHCPv4 and DHCPv6 servers, a dual-stack or IPv6-only pod); no forwards.
+    tap: str | None = None
 
 
 def command(m: Machine, exe: str = "qemu-system-x86_64") -> list[str]:
@@ -107,11 +112,16 @@ def command(m: Machine, exe: str = "qemu-system-x86_64") -> list[str]:
             args += ["-global", "driver=cfi.pflash01,property=secure,value=on"]
         args += ["-drive", f"if=pflash,format=raw,unit=0,readonly=on,file={m.firmware.code}",
                  "-drive", f"if=pflash,format=raw,unit=1,file={m.firmware.vars}"]
-    forwards = "".join(f",hostfwd=tcp:{addr}:{port}-{GUEST}:{guest_port}" for addr, port, guest_port in m.forwards)
+    if m.tap is not None:
+        if m.forwards:
+            raise ValueError("a tap NIC has no forwards: its network's other end is the caller's")
+        netdev = f"tap,id=net0,ifname={m.tap},script=no,downscript=no"
+    else:
+        forwards = "".join(f",hostfwd=tcp:{addr}:{port}-{GUEST}:{guest_port}" for addr, port, guest_port in m.forwards)
+        netdev = (f"user,id=net0,ipv6=off,net=10.0.2.0/24,host={GATEWAY},dhcpstart={GUEST},dns=10.0.2.3,"
+                  f"hostname={m.name}{forwards}")
     # bus 1: the NIC (enp1s0), without its option ROM (no PXE: it has no boot order)
-    args += ["-device", "pcie-root-port,id=rp1,chassis=1,bus=pcie.0",
-             "-netdev", f"user,id=net0,ipv6=off,net=10.0.2.0/24,host={GATEWAY},dhcpstart={GUEST},dns=10.0.2.3,"
-                        f"hostname={m.name}{forwards}",
+    args += ["-device", "pcie-root-port,id=rp1,chassis=1,bus=pcie.0", "-netdev", netdev,
              "-device", "virtio-net-pci,netdev=net0,bus=rp1,romfile=",
              "-device", "pcie-root-port,id=rp2,chassis=2,bus=pcie.0",
              "-device", "virtio-serial-pci,bus=rp2",

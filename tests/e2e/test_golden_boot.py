@@ -65,7 +65,7 @@ def copy(src: Path, dst: Path) -> Path:
 def test_the_golden_image_boots_its_own_kernel_through_the_firmware(golden_image, tmp_path, efi):
     seen = boot(tmp_path, golden_image / "disk.raw", efi, (KERNEL_BANNER,), BOOT_TIMEOUT)
     assert KERNEL_BANNER in seen, seen[-2000:]
-    assert ("Welcome to GRUB" if efi else "GNU GRUB") in seen
+    assert "Loading Linux" in seen  # (grub.cfg's entry: GRUB read it from the disk)
 
 
 def test_ovmf_does_not_boot_an_image_built_for_bios_only(golden_image, tmp_path):
