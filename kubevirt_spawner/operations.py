@@ -95,13 +95,23 @@ def _stamp() -> str:
 
 
 def refuse_start_during_operation(ws: Workstation):
-    """The spawner's check: no start while an operation changes the machine."""
+    """The spawner's check: no start while an operation changes the machine, nor while a restore
+    that did not finish locks it (KubeVirt refuses any change of its run state then:
+    pkg/storage/admitters/vm-storage-status.go), with the sentence that says what to do."""
     op = Operation.from_vm(ws.vm)
     if op is not None and op.blocks_start:
         after = ("it starts by itself when done" if op.was_running
                  else "start it again when that is done")
         raise WorkstationError(f"Your workstation is {op.describe()}; {after}.", reason="operation-running",
                                status_code=409)
+    holder = ((ws.vm or {}).get("status") or {}).get("restoreInProgress")
+    if holder:
+        if op is not None and op.kind == "restore" and op.restore == holder and op.state == "failed" and op.error:
+            raise WorkstationError(op.error, reason="restore-stuck", status_code=409)
+        raise WorkstationError(
+            f"Your workstation is locked by VirtualMachineRestore {ws.ident.namespace}/{holder}, which has not "
+            "finished: it cannot start until an administrator lets that restore finish or deletes it.",
+            reason="restore-stuck", status_code=409)
 
 
 class Operations:

@@ -101,7 +101,9 @@ class KubeVirtSpawner(Spawner):
         "requests.nvidia.com/A100-PCIE-40GB": "1"}. Empty (the default): none.""")
     namespace_limit_range = List(Dict(), config=True, help="""
         The `limits` of a LimitRange `kubevirt-spawner` the hub makes in each namespace it makes, e.g.
-        [{"type": "PersistentVolumeClaim", "max": {"storage": "500Gi"}}]. Empty (the default): none.""")
+        [{"type": "PersistentVolumeClaim", "max": {"storage": "500Gi"}}]: PersistentVolumeClaim limits
+        only (a Container or Pod limit would land on the VM's launcher pod; bound VMs with
+        namespace_resource_quota). Empty (the default): none.""")
 
     # ---------------------------------------------------------------- behaviour
     url_mode = Enum(["dns", "cluster-ip"], default_value="dns", config=True, help="""
@@ -211,8 +213,17 @@ class KubeVirtSpawner(Spawner):
     @validate("namespace_limit_range")
     def _check_limits(self, proposal):
         for item in proposal["value"]:
-            if item.get("type") not in ("Container", "Pod", "PersistentVolumeClaim"):
-                raise TraitError(f"KubeVirtSpawner.namespace_limit_range: {item!r} needs a type: Container, Pod or "
+            if item.get("type") in ("Container", "Pod"):
+                # The VM's launcher pod is the only pod there: a Container default limit becomes the
+                # limit of QEMU's container, which KubeVirt leaves unlimited unless the VM has one
+                # (pkg/virt-controller/services/renderresources.go), and the guest is OOM-killed; a
+                # max below the VM and its overhead keeps the pod from being created.
+                raise TraitError(f"KubeVirtSpawner.namespace_limit_range: {item!r}: a {item['type']} limit would "
+                                 "apply to the VM's launcher pod (a default limit OOM-kills the guest, a max below "
+                                 "the VM and its overhead refuses the pod); bound VMs with namespace_resource_quota "
+                                 "and give only PersistentVolumeClaim limits here")
+            if item.get("type") != "PersistentVolumeClaim":
+                raise TraitError(f"KubeVirtSpawner.namespace_limit_range: {item!r} needs the type "
                                  "PersistentVolumeClaim")
             for bound in ("max", "min", "default", "defaultRequest", "maxLimitRequestRatio"):
                 for resource, amount in (item.get(bound) or {}).items():

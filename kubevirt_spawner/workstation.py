@@ -685,44 +685,114 @@ class Workstation:
                 raise WorkstationError("Your workstation must be stopped to be restored; stop it first.",
                                        reason="running", status_code=409)
             # In place, KubeVirt deletes the disks it replaces (pkg/storage/snapshot/restore.go):
-            # their volumes go with them. A restore that fails gives them back their policy.
+            # their volumes go with them, so they are marked Delete first. From here every way out
+            # (done, failed, timed out, refused, cancelled) gives the claims that are still there
+            # Retain back: the `finally`. A crash of the service in between is the operation's to
+            # finish: its resumed run comes back here with the same restore.
             replaced = self._claims()
-            # Made once: KubeVirt's webhook refuses a second restore of the VM while one is not
-            # complete (pkg/storage/admitters/vmrestore.go), even one of the same name, before the
-            # API server could say it exists.
-            if not await self._restore_object(restore_name):
-                await self.set_reclaim_policy(replaced)
-                await self.kube.create(k.RESTORE, m.virtual_machine_restore(self.ident, snap["object"], restore_name))
-                self.log.info("restoring snapshot %s (%s)", name, restore_name)
-            deadline = time.monotonic() + timeout
-            while True:  # restores are rare and have no cache: one list a second by name
-                current = await self._restore_object(restore_name) or {}
-                status = current.get("status") or {}
-                if status.get("complete"):
-                    self.log.info("restored snapshot %s", name)
-                    await self._restored(restore_name)
-                    await self._keep_surviving(replaced)  # (a disk the snapshot did not have)
-                    return current
-                failure = condition(current, "Failure")
-                if failure.get("status") == "True":
-                    why = failure.get("message") or failure.get("reason") or "no reason given"
-                    # A failed restore stays incomplete, and KubeVirt refuses any other restore of the
-                    # VM while it exists (pkg/storage/admitters/vmrestore.go): it goes.
-                    await self.kube.delete(k.RESTORE, self.ident.namespace, restore_name)
-                    await self._keep_surviving(replaced)
-                    raise WorkstationError(f"Restoring the snapshot {name} failed ({why}); nothing was changed "
-                                           "that a new restore cannot put right.", reason="restore-failed",
-                                           status_code=500)
-                if time.monotonic() > deadline:
-                    raise WorkstationError(f"Restoring the snapshot {name} did not finish within {timeout:.0f} "
-                                           "seconds; it may still. Ask your administrator to look at "
-                                           f"VirtualMachineRestore {restore_name}.", reason="timeout", status_code=504)
-                await asyncio.sleep(1.0)
+            try:
+                # Made once: KubeVirt's webhook refuses a second restore of the VM while one is not
+                # complete (pkg/storage/admitters/vmrestore.go), even one of the same name, before
+                # the API server could say it exists.
+                if not await self._restore_object(restore_name):
+                    await self.set_reclaim_policy(replaced)
+                    await self.kube.create(k.RESTORE, m.virtual_machine_restore(self.ident, snap["object"],
+                                                                                restore_name))
+                    self.log.info("restoring snapshot %s (%s)", name, restore_name)
+                return await self._wait_restored(name, restore_name, replaced, timeout)
+            finally:
+                await asyncio.shield(self._keep_surviving(replaced))
 
-    async def _keep_surviving(self, replaced: list[dict]):
-        """The claims a restore did not replace after all keep their volumes against mistakes again."""
+    async def _wait_restored(self, name: str, restore_name: str, replaced: list[dict], timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:  # restores are rare and have no cache: one list a second by name
+            current = await self._restore_object(restore_name)
+            status = (current or {}).get("status") or {}
+            if status.get("complete"):
+                self.log.info("restored snapshot %s", name)
+                await self._restored(restore_name)
+                return current or {}
+            failure = condition(current or {}, "Failure")
+            if current is None:
+                why = f"VirtualMachineRestore {self.ident.namespace}/{restore_name} was deleted before it finished"
+            elif failure.get("status") == "True":
+                why = failure.get("message") or failure.get("reason") or "no reason given"
+            elif time.monotonic() > deadline:
+                # restore.go's errors (a missing VolumeSnapshot, a quota refusing a claim, a lost
+                # claim) only say so in Ready's reason and are tried again without end: no Failure
+                ready = condition(current, "Ready")
+                why = (f"not finished within {timeout:.0f} seconds: "
+                       f"{ready.get('message') or ready.get('reason') or 'no reason given'}")
+            else:
+                await asyncio.sleep(1.0)
+                continue
+            raise await self._abandon_restore(name, restore_name, replaced, why, failed=current is None or
+                                              failure.get("status") == "True")
+
+    async def _abandon_restore(self, name: str, restore_name: str, replaced: list[dict], why: str,
+                               failed: bool) -> WorkstationError:
+        """A restore that will not finish by itself. One that replaced no disk yet goes (KubeVirt's
+        finalizer unlocks the VM: restore.go handleVMRestoreDeletion): the workstation is as it
+        was. One that replaced a disk stays if KubeVirt still tries it (fixing the cause lets it
+        finish), and the sentence names it; a failed one goes, and a new restore finishes the job."""
+        ns = self.ident.namespace
+        if not failed and not await self._replaced_any(replaced):
+            await self.kube.delete(k.RESTORE, ns, restore_name)
+            if not await self._replaced_any(replaced):  # (KubeVirt may have gone on meanwhile)
+                return WorkstationError(f"Restoring the snapshot {name} did not work ({why}). It was cancelled before "
+                                        "any disk was replaced: your workstation is as it was. Try again later; if it "
+                                        "fails again, ask your administrator.", reason="restore-failed",
+                                        status_code=500)
+            failed = True
+        if failed:
+            if await self._restore_object(restore_name):
+                await self.kube.delete(k.RESTORE, ns, restore_name)
+            if not await self._replaced_any(replaced):
+                return WorkstationError(f"Restoring the snapshot {name} failed ({why}); no disk was replaced: your "
+                                        "workstation is as it was.", reason="restore-failed", status_code=500)
+            return WorkstationError(f"Restoring the snapshot {name} failed ({why}) after some of your disks were "
+                                    f"replaced; restore the snapshot {name} again to finish it before you start your "
+                                    "workstation.", reason="restore-failed", status_code=500)
+        return WorkstationError(
+            f"Restoring the snapshot {name} stopped half-way ({why}). Your workstation cannot start until an "
+            f"administrator fixes that so that VirtualMachineRestore {ns}/{restore_name} can finish (kubectl -n {ns} "
+            f"describe virtualmachinerestore {restore_name}), or deletes it and restores the snapshot again.",
+            reason="restore-stuck", status_code=500)
+
+    async def _replaced_any(self, claims: list[dict]) -> bool:
+        """Whether any of `claims` (as they were before the restore) is gone or going: read from the
+        API server, not the cache, since this decides whether a restore may be cancelled."""
+        for claim in claims:
+            meta = claim["metadata"]
+            current = await self.kube.get(k.PVC, meta["namespace"], meta["name"])
+            if current is None or current["metadata"]["uid"] != meta["uid"] or \
+                    current["metadata"].get("deletionTimestamp"):
+                return True
+        return False
+
+    async def _keep_surviving(self, replaced: list[dict], tries: int = 5):
+        """The claims a restore did not replace (after all) keep their volumes against mistakes
+        again. The API server may refuse for a while (a burst of errors): tried again, and if it
+        still refuses, the sentence says which volumes an admin must set back."""
         uids = {c["metadata"]["uid"] for c in replaced}
-        await self.set_reclaim_policy([c for c in self._claims() if c["metadata"]["uid"] in uids], "Retain")
+        delay = 1.0
+        for attempt in range(tries):
+            surviving = [c for c in self._claims() if c["metadata"]["uid"] in uids]
+            try:
+                await self.set_reclaim_policy(surviving, "Retain")
+                return
+            except k.KubeError as err:
+                if err.permission_denied:
+                    raise  # no retry mends that: the hub's RBAC, explained as any refusal
+                if attempt == tries - 1:
+                    volumes = ", ".join(field_value(c, "spec.volumeName") or "?" for c in surviving)
+                    self.log.error("could not set the reclaim policy of %s back to Retain: %s", volumes, err.message)
+                    raise WorkstationError(
+                        f"The volumes of your disks could not be set back to keep their data if their claims are "
+                        f"deleted ({err.message}); ask your administrator to set persistentVolumeReclaimPolicy "
+                        f"to Retain on PersistentVolume {volumes}.", reason="reclaim-policy", status_code=500) from err
+                await asyncio.sleep(delay)
+                delay *= 2
 
     async def _restored(self, restore_name: str):
         """After a restore: the VM has the snapshot's spec but still the current spec's hash, so

@@ -70,7 +70,11 @@ def test_bad_profile_lists_fail_at_start_up_naming_the_setting(bad, message):
     ("max_concurrent_clones", 0, "max_concurrent_clones"),
     ("network_policy_ingress_from", [{"pods": "hub"}], "network_policy_ingress_from.*not a NetworkPolicy peer"),
     ("namespace_resource_quota", {"requests.cpu": "lots"}, "namespace_resource_quota: requests.cpu = 'lots'"),
-    ("namespace_limit_range", [{"max": {"storage": "1Ti"}}], "namespace_limit_range.*needs a type"),
+    ("namespace_limit_range", [{"max": {"storage": "1Ti"}}], "namespace_limit_range.*needs the type"),
+    # the VM's launcher pod would get them: a default memory limit OOM-kills the guest
+    ("namespace_limit_range", [{"type": "Container", "default": {"memory": "4Gi"}}],
+     "a Container limit would apply to the VM's launcher pod"),
+    ("namespace_limit_range", [{"type": "Pod", "max": {"memory": "8Gi"}}], "a Pod limit would apply"),
     ("namespace_limit_range", [{"type": "PersistentVolumeClaim", "max": {"storage": "huge"}}],
      "namespace_limit_range: max storage = 'huge'"),
 ])

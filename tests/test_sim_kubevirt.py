@@ -604,6 +604,72 @@ def test_snapshot_indications_and_restores(custom, core, sim):
     assert r["status"]["complete"] and vm_status(custom, ns, "w") == "Stopped"
 
 
+def test_restore_errors_are_tried_again_without_failure_and_a_deleted_restore_unlocks(custom, core, sim):
+    """pkg/storage/snapshot/restore.go: an error in reconcile goes through doUpdateError (Progressing
+    and Ready False with the error as reason, a VirtualMachineRestoreError event, no Failure) and
+    is tried again. In place, the claim is deleted before the new one is made, so a missing
+    VolumeSnapshot ("missing volumeSnapshot", createRestorePVC) and a quota refusing the new claim
+    stall it with the VM locked (status.restoreInProgress, which vm-storage-status.go enforces).
+    Deleting the restore unlocks the VM through its finalizer (handleVMRestoreDeletion)."""
+    ns = "restore-errors"
+    core.create_namespace({"metadata": {"name": ns}})
+    make_disk(custom, ns, "e-disk")
+    custom.create_namespaced_custom_object(*KV, ns, "virtualmachines", vm("e", "e-disk"))
+    custom.create_namespaced_custom_object(*SNAP, ns, "virtualmachinesnapshots", {
+        "apiVersion": "snapshot.kubevirt.io/v1beta1", "kind": "VirtualMachineSnapshot", "metadata": {"name": "s"},
+        "spec": {"source": {"apiGroup": "kubevirt.io", "kind": "VirtualMachine", "name": "e"}}})
+    wait_for(lambda: (custom.get_namespaced_custom_object(*SNAP, ns, "virtualmachinesnapshots", "s").get("status")
+                      or {}).get("readyToUse"), what="snapshot ready")
+
+    def restore_status(name):
+        return custom.get_namespaced_custom_object(*SNAP, ns, "virtualmachinerestores", name).get("status") or {}
+
+    def stalled_with(name, words):
+        ready = next((c for c in restore_status(name).get("conditions") or [] if c["type"] == "Ready"), {})
+        return words in (ready.get("reason") or "")
+
+    def locked():
+        return (custom.get_namespaced_custom_object(*KV, ns, "virtualmachines", "e").get("status") or {}).get(
+            "restoreInProgress")
+    # a quota the new claim does not fit in (the old one is gone by then): refused, tried again
+    core.create_namespaced_resource_quota(ns, {"metadata": {"name": "claims"}, "spec": {"hard": {
+        "persistentvolumeclaims": "0"}}})
+    custom.create_namespaced_custom_object(*SNAP, ns, "virtualmachinerestores", {
+        "apiVersion": "snapshot.kubevirt.io/v1beta1", "kind": "VirtualMachineRestore", "metadata": {"name": "q"},
+        "spec": {"target": {"apiGroup": "kubevirt.io", "kind": "VirtualMachine", "name": "e"},
+                 "virtualMachineSnapshotName": "s", "volumeRestorePolicy": "InPlace"}})
+    wait_for(lambda: stalled_with("q", "exceeded quota: claims"), what="the quota's refusal in Ready")
+    status = restore_status("q")
+    assert not status["complete"] and not any(c["type"] == "Failure" for c in status["conditions"])
+    assert locked() == "q"
+    events = [e for e in core.list_namespaced_event(ns).items if e.reason == "VirtualMachineRestoreError"]
+    assert events and "exceeded quota: claims" in events[0].message
+    # the lock: no change of the run state (pkg/storage/admitters/vm-storage-status.go)
+    refused = action(sim, ns, "e", "start")
+    assert refused.status_code == 500 and 'Cannot update VM runStrategy until restore \\"q\\" completes' in refused.text
+    # deleted, it unlocks the VM and goes
+    custom.delete_namespaced_custom_object(*SNAP, ns, "virtualmachinerestores", "q")
+    wait_for(lambda: locked() is None, what="the VM unlocked")
+    wait_for(lambda: get(custom, SNAP, ns, "virtualmachinerestores", "q") is None, what="the restore gone")
+    core.delete_namespaced_resource_quota("claims", ns, _preload_content=False)
+    # a missing VolumeSnapshot: found missing only when the claim it replaces is gone
+    for vs in custom.list_namespaced_custom_object("snapshot.storage.k8s.io", "v1", ns, "volumesnapshots")["items"]:
+        custom.delete_namespaced_custom_object("snapshot.storage.k8s.io", "v1", ns, "volumesnapshots",
+                                               vs["metadata"]["name"])
+    custom.create_namespaced_custom_object(*SNAP, ns, "virtualmachinerestores", {
+        "apiVersion": "snapshot.kubevirt.io/v1beta1", "kind": "VirtualMachineRestore", "metadata": {"name": "m"},
+        "spec": {"target": {"apiGroup": "kubevirt.io", "kind": "VirtualMachine", "name": "e"},
+                 "virtualMachineSnapshotName": "s", "volumeRestorePolicy": "InPlace"}})
+    wait_for(lambda: stalled_with("m", "missing volumeSnapshot"), what="the missing VolumeSnapshot in Ready")
+    assert locked() == "m" and not any(c["type"] == "Failure" for c in restore_status("m")["conditions"])
+    custom.delete_namespaced_custom_object(*SNAP, ns, "virtualmachinerestores", "m")
+    wait_for(lambda: locked() is None, what="the VM unlocked")
+    # the simulator's fault: any error, as doUpdateError reports it; a bad body is refused
+    assert http(sim).put(f"{sim.url}/sim/v1/faults/restores", json={"error": ""}).status_code == 400
+    assert http(sim).put(f"{sim.url}/sim/v1/faults/restores", json={"error": "boom"}).json() == {"error": "boom"}
+    assert http(sim).delete(f"{sim.url}/sim/v1/faults/restores").json() == {"error": None}
+
+
 def test_gpu_quota_blocks_the_launcher(custom, core, sim):
     ns = "gpuquota"
     core.create_namespace({"metadata": {"name": ns}})

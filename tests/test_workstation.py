@@ -726,6 +726,108 @@ async def test_disks_the_hub_deletes_on_purpose_take_their_volumes_with_them(env
     assert sorted(now.values()) == [("Bound", "Retain")] * 2  # the new disks are kept against mistakes
 
 
+@contextlib.contextmanager
+def restores_fail(env, message: str):
+    """Every restore reports `message` as restore.go's doUpdateError does (no Failure), until the end."""
+    sim_api(env.sim, "PUT", "/faults/restores", {"error": message})
+    try:
+        yield
+    finally:
+        sim_api(env.sim, "DELETE", "/faults/restores")
+
+
+async def stopped_with_snapshot(env, user: str) -> Workstation:
+    ws = workstation(env, user, m.MachineSpec(workspace_disk_size="10Gi"))
+    await ws.start({}, [])
+    await ws.stop()
+    await ws.take_snapshot("clean")
+    return ws
+
+
+async def volume_snapshots(env, ws: Workstation, *claims: str) -> list[str]:
+    """The VolumeSnapshots of `claims` (the volumes of the workstation's snapshots)."""
+    found = (await env.kube.list(k.VOLUME_SNAPSHOT, ws.ident.namespace))["items"]
+    return [vs["metadata"]["name"] for vs in found if field_value(vs, "spec.source.persistentVolumeClaimName") in claims]
+
+
+def locked_by(ws: Workstation) -> str | None:
+    return (ws.vm.get("status") or {}).get("restoreInProgress")
+
+
+async def test_a_restore_the_webhook_refuses_gives_the_volumes_retain_back(env):
+    """KubeVirt's webhook refuses a restore while another of the VM is not complete
+    (pkg/storage/admitters/vmrestore.go). The volumes were marked Delete for the restore in place
+    just before: they are kept again (Retain), since no restore will replace their claims."""
+    ws = await stopped_with_snapshot(env, "rolf")
+    snap = ws.snapshot_for_restore("clean")
+    with restores_fail(env, "VolumeSnapshot vs-x not ready"):
+        await env.kube.create(k.RESTORE, m.virtual_machine_restore(ws.ident, snap["object"], "someone-elses"))
+        with pytest.raises(k.KubeError, match='VirtualMachineRestore \\"someone-elses\\" in progress'):
+            await ws.restore_snapshot("clean", "rolf-restore", timeout=30)
+        assert sorted(volumes_of(env, ws.ident.namespace).values()) == [("Bound", "Retain")] * 2
+        await env.kube.delete(k.RESTORE, ws.ident.namespace, "someone-elses")
+
+
+async def test_a_restore_that_stalls_before_replacing_a_disk_is_cancelled(env):
+    """restore.go reports most errors only in Ready (doUpdateError) and tries again without end: no
+    Failure comes. When the hub gives up and no claim was replaced yet, the restore goes (its
+    finalizer unlocks the VM: handleVMRestoreDeletion), the volumes are kept again, the user reads
+    that nothing changed, and the workstation starts."""
+    ws = await stopped_with_snapshot(env, "sten")
+    with restores_fail(env, "VolumeSnapshot vs-x not ready"):
+        with user_error("restore-failed", "VolumeSnapshot vs-x not ready.*cancelled before any disk was replaced"):
+            await ws.restore_snapshot("clean", "sten-restore", timeout=3)
+    assert sorted(volumes_of(env, ws.ident.namespace).values()) == [("Bound", "Retain")] * 2
+    found = await env.kube.list(k.RESTORE, ws.ident.namespace)
+    assert [r["metadata"]["name"] for r in found["items"] if not r["metadata"].get("deletionTimestamp")] == []
+    await env.caches.wait_for(lambda: locked_by(ws) is None, 30, ws.ident.namespace)
+    refuse_start_during_operation(ws)  # nothing refuses a start
+    await ws.start({}, [])
+    assert ws.status() in ("running", "starting")
+    await ws.stop(now=True)
+
+
+async def test_a_restore_stuck_after_replacing_a_disk_says_what_an_admin_must_do(env):
+    """In place, restore.go deletes a claim before it makes the new one from the VolumeSnapshot
+    (reconcileVolumeRestores, createRestorePVC: "missing volumeSnapshot"): a missing snapshot then
+    stalls the restore with the VM locked (restoreInProgress) and no Failure. The restore stays
+    (fixing the cause lets it finish); the operation's record, and every start, say which restore
+    an admin must let finish, in one sentence, never KubeVirt's "Cannot update VM runStrategy"."""
+    ws = await stopped_with_snapshot(env, "tova")
+    for vs in await volume_snapshots(env, ws, ws.ident.rootdisk):
+        await env.kube.delete(k.VOLUME_SNAPSHOT, ws.ident.namespace, vs)
+    ops = Operations(ws, LocalServer(ws), safety_snapshot=False, timeout=5)
+    op = await ops.begin_restore("clean", by="tova")
+    sentence = f"until an administrator fixes that so that VirtualMachineRestore {ws.ident.namespace}/tova-restore-"
+    with user_error("restore-stuck", "stopped half-way .*missing volumeSnapshot .*" + re.escape(sentence)):
+        await ops.run(op)
+    recorded = Operation.from_vm(ws.vm)
+    assert recorded.state == "failed" and recorded.restore in recorded.error and recorded.error.startswith("Restoring")
+    assert locked_by(ws) == recorded.restore
+    assert (await env.kube.get(k.RESTORE, ws.ident.namespace, recorded.restore)) is not None  # left to finish
+    with user_error("restore-stuck", re.escape(recorded.error)):
+        refuse_start_during_operation(ws)
+    # What the admin does when the cause cannot be fixed: the restore goes, KubeVirt unlocks the VM
+    await env.kube.delete(k.RESTORE, ws.ident.namespace, recorded.restore)
+    await env.caches.wait_for(lambda: locked_by(ws) is None, 30, ws.ident.namespace)
+    refuse_start_during_operation(ws)
+
+
+async def test_a_restore_lock_without_a_record_still_refuses_starts_with_a_sentence(env):
+    """A restore someone else made (kubectl, an earlier hub) that holds the VM: the start is refused
+    before KubeVirt's webhook would, with the restore's name."""
+    ws = await stopped_with_snapshot(env, "ulla")
+    for vs in await volume_snapshots(env, ws, ws.ident.rootdisk, ws.ident.workspace):
+        await env.kube.delete(k.VOLUME_SNAPSHOT, ws.ident.namespace, vs)
+    snap = ws.snapshot_for_restore("clean")
+    await env.kube.create(k.RESTORE, m.virtual_machine_restore(ws.ident, snap["object"], "by-hand"))
+    await env.caches.wait_for(lambda: locked_by(ws) == "by-hand", 30, ws.ident.namespace)
+    with user_error("restore-stuck", re.escape(f"locked by VirtualMachineRestore {ws.ident.namespace}/by-hand")):
+        refuse_start_during_operation(ws)
+    await env.kube.delete(k.RESTORE, ws.ident.namespace, "by-hand")
+    await env.caches.wait_for(lambda: locked_by(ws) is None, 30, ws.ident.namespace)
+
+
 async def test_reset_clones_a_new_system_disk_and_keeps_the_workspace(env):
     """A reset deletes only the system disk, clones a new one from the golden image configured
     now, and leaves the workspace disk as it was; the safety snapshot can bring the old system back."""

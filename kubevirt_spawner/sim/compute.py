@@ -14,7 +14,7 @@ import shutil
 from ..objects import WORKSPACE_DISK_SERIAL, WORKSPACE_MOUNT, field_value
 from ..quantity import parse_quantity
 from . import errors
-from .admission import check_quota, gpu_requests
+from .admission import admit, check_quota, gpu_requests
 from .conditions import condition, drop_condition, get_condition, set_condition
 from .guests import (
     Guest,
@@ -381,6 +381,15 @@ class Compute:
             new["spec"]["running"] = running
         else:
             new["spec"]["runStrategy"] = "Always" if running else "Halted"
+        # virt-api patches the VM through the API server, so KubeVirt's VM webhook sees it (a restore's
+        # lock: pkg/storage/admitters/vm-storage-status.go) and a refusal comes back as an internal
+        # error (pkg/virt-api/rest/lifecycle.go)
+        try:
+            admit(self.store, VM, new, vm)
+        except errors.ApiError as err:
+            causes = (err.details or {}).get("causes") or [{"message": err.message}]
+            raise errors.internal('admission webhook "virtualmachine-validator.kubevirt.io" denied the request: '
+                                  + causes[0]["message"]) from None
         self.store.update(VM, new, check_rv=False)
 
     def _add_requests(self, vm: dict, reqs: list[dict]):

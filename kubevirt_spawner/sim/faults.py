@@ -9,6 +9,7 @@ import time
 
 from . import errors
 from .server import FaultPicker
+from .snapshots import RESTORE
 
 
 def _number(v) -> bool:
@@ -61,6 +62,7 @@ class Faults:
         self.c = cluster
         self.api = FaultPicker()
         self.clone_failures = 0
+        self.restore_error: str | None = None  # what every restore reports while it is set
 
     def maybe_fail(self, verb: str, resource: str):
         self.api.maybe_fail(verb, resource)
@@ -98,6 +100,20 @@ class Faults:
             n = len(self.c.store.watchers)
             self.c.store.cut_watches()
             return {"cut": n}
+        if path == "/faults/restores":
+            if method == "PUT":
+                message = body.get("error")
+                if not isinstance(message, str) or not message.strip():
+                    raise errors.bad_request('error must be the message restores report, for example '
+                                             '"VolumeSnapshot vs-1 not ready"')
+                self.restore_error = message.strip()
+            elif method == "DELETE":
+                self.restore_error = None
+            elif method != "GET":
+                raise errors.ApiError(405, "MethodNotAllowed", "GET, PUT or DELETE /sim/v1/faults/restores")
+            for restore in self.c.store.list(RESTORE):
+                self.c.restore_queue.add((restore["metadata"]["namespace"], restore["metadata"]["name"]))
+            return {"error": self.restore_error}
         if path == "/clones/fail-next" and method == "POST":
             self.clone_failures += int(body.get("count", 1))
             return {"pending": self.clone_failures}

@@ -10,6 +10,8 @@ import os
 
 from ..objects import field_value
 from ..quantity import parse_quantity
+from . import errors
+from .admission import admit
 from .compute import VM, VMI, claim_names, run_strategy
 from .conditions import condition, get_condition, set_condition
 from .machines import QemuGuest
@@ -28,9 +30,14 @@ PVC = BY_KIND["PersistentVolumeClaim"]
 VSCLASS = BY_KIND["VolumeSnapshotClass"]
 DV = BY_KIND["DataVolume"]
 LAST_RESTORE = "restore.kubevirt.io/lastRestoreUID"
+RESTORE_FINALIZER = "snapshot.kubevirt.io/vmrestore-protection"  # restore.go vmRestoreFinalizer
 # What a restored claim does not copy from its source (CreateRestorePVCDef).
 DROPPED_ANNOTATIONS = ("pv.kubernetes.io", "volume.beta.kubernetes.io", "cdi.kubevirt.io", "volume.kubernetes.io",
                        "k8s.io/CloneRequest", "k8s.io/CloneOf")
+
+
+class RestoreError(Exception):
+    """An error restore.go's reconcile returns (and doUpdateError reports, without Failure)."""
 
 
 def _conds(status: dict, progressing: tuple, ready: tuple):
@@ -240,12 +247,20 @@ class Snapshots:
     async def reconcile_restore(self, key):
         ns, name = key
         restore = self.store.get(RESTORE, ns, name)
-        if restore is None or restore["metadata"].get("deletionTimestamp"):
+        if restore is None:
             return
+        if restore["metadata"].get("deletionTimestamp"):
+            return self._restore_deleted(restore)
         status = copy.deepcopy(restore.get("status") or {})
         if status.get("complete") or (get_condition({"status": status}, "Failure") or {}).get("status") == "True":
             return
         status.setdefault("complete", False)
+        if self.c.faults.restore_error:  # the simulator's fault: an error restore.go reports, not Failure
+            message = self.c.faults.restore_error
+            _conds(status, ("False", message, ""), ("False", message, ""))
+            self._write(RESTORE, restore, status)
+            self.c.restore_queue.add(key, self.c.t("schedule_retry"))
+            return
         vm = self.store.get(VM, ns, field_value(restore, "spec.target.name") or "")
         snap_name = field_value(restore, "spec.virtualMachineSnapshotName") or ""
         snap = self.store.get(SNAP, ns, snap_name)
@@ -276,12 +291,24 @@ class Snapshots:
             self._write(RESTORE, restore, status)
             self.c.restore_queue.add(key, self.c.t("schedule_retry"))
             return
+        restore = self._add_finalizer(restore)
         if not holder:
             self._write(VM, vm, {**(vm.get("status") or {}), "restoreInProgress": name})
         if not status.get("restores"):
             status["restores"] = self._planned_restores(restore, vm, content)
         _conds(status, ("True", "Creating new PVCs", ""), ("False", "Waiting for new PVCs", ""))
-        if not await self._restore_volumes(restore, vm, content, status["restores"]):
+        try:
+            volumes_ready = await self._restore_volumes(restore, vm, content, status["restores"])
+        except (errors.ApiError, RestoreError) as err:
+            # doUpdateError: a refused claim (a quota), a missing VolumeSnapshot: no Failure, tried again
+            message = err.message if isinstance(err, errors.ApiError) else str(err)
+            _conds(status, ("False", message, ""), ("False", message, ""))
+            self._write(RESTORE, restore, status)
+            self.c.events.record(restore, "Warning", "VirtualMachineRestoreError",
+                                 f"VirtualMachineRestore encountered error {message}", "restore-controller")
+            self.c.restore_queue.add(key, self.c.t("schedule_retry"))
+            return
+        if not volumes_ready:
             self._write(RESTORE, restore, status)
             self.c.restore_queue.add(key, self.c.t("schedule_retry"))
             return
@@ -298,6 +325,30 @@ class Snapshots:
         self._write(RESTORE, restore, status)
         self.c.events.record(restore, "Normal", "VirtualMachineRestoreComplete",
                              f"Successfully completed VirtualMachineRestore {name}", "restore-controller")
+
+    def _add_finalizer(self, restore: dict) -> dict:
+        """The controller's finalizer, before it locks the VM: a deleted restore unlocks it."""
+        if RESTORE_FINALIZER in (restore["metadata"].get("finalizers") or []):
+            return restore
+        new = copy.deepcopy(restore)
+        new["metadata"]["finalizers"] = [*(new["metadata"].get("finalizers") or []), RESTORE_FINALIZER]
+        return self.store.update(RESTORE, new, check_rv=False)
+
+    def _restore_deleted(self, restore: dict):
+        """handleVMRestoreDeletion: the VM this restore locks is unlocked (UpdateDoneRestore), the
+        claims made so far stay, then the finalizer goes and the restore with it."""
+        finalizers = restore["metadata"].get("finalizers") or []
+        if RESTORE_FINALIZER not in finalizers:
+            return
+        ns, name = restore["metadata"]["namespace"], restore["metadata"]["name"]
+        vm = self.store.get(VM, ns, field_value(restore, "spec.target.name") or "")
+        if vm is not None and field_value(vm, "status.restoreInProgress") == name:
+            vm_status = dict(vm.get("status") or {})
+            vm_status.pop("restoreInProgress", None)
+            self._write(VM, vm, vm_status)
+        new = copy.deepcopy(restore)
+        new["metadata"]["finalizers"] = [f for f in finalizers if f != RESTORE_FINALIZER]
+        self.store.update(RESTORE, new, check_rv=False)
 
     def _target_not_ready(self, restore: dict, status: dict, vm: dict, vmi: dict):
         """The target still runs: wait, stop it, or fail, as targetReadinessPolicy says."""
@@ -363,7 +414,7 @@ class Snapshots:
         for entry in restores:
             backup = backups.get(entry["volumeName"])
             vs = self.store.get(VS, ns, entry["volumeSnapshotName"])
-            if backup is None or vs is None:
+            if backup is None:
                 continue
             pvc = self.store.get(PVC, ns, entry["persistentVolumeClaim"])
             if pvc is not None and ((pvc["metadata"].get("annotations") or {}).get(LAST_RESTORE) != restore_uid):
@@ -381,6 +432,8 @@ class Snapshots:
                 continue
             if pvc is None:
                 ready = False
+                if vs is None:  # createRestorePVC: found only now, when the claim it replaces is gone
+                    raise RestoreError(f"missing volumeSnapshot {entry['volumeSnapshotName']}")
                 pvc = self._create_pvc(backup, entry["persistentVolumeClaim"], restore, vm,
                                        owned and not entry.get("dataVolumeName"), entry.get("dataVolumeName"),
                                        field_value(vs, "status.restoreSize"))
@@ -418,8 +471,10 @@ class Snapshots:
                 "finalizers": ["kubernetes.io/pvc-protection"]}
         if owned:
             meta["ownerReferences"] = [self.c.owner_ref(vm)]
-        pvc = self.store.create(PVC, {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta,
-                                      "spec": spec, "status": {"phase": "Pending"}})
+        claim_obj = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta, "spec": spec,
+                     "status": {"phase": "Pending"}}
+        admit(self.store, PVC, claim_obj, None)  # the controller's create goes through quota admission
+        pvc = self.store.create(PVC, claim_obj)
         new = copy.deepcopy(pvc)
         new["spec"]["volumeName"] = f"pvc-{pvc['metadata']['uid']}"
         pvc = self.store.update(PVC, new, check_rv=False)
