@@ -9,7 +9,9 @@ there instead of replacing them (traitlets' load_subconfig would merge a fresh c
     path = "/usr/local/etc/jupyterhub/kubevirt_spawner_config.py"
     exec(compile(open(path).read(), path, "exec"), {"c": c, "__file__": path, "get_config": lambda: c})
 
-The workstations service loads this same file on its own for the spawner's settings.
+The workstations service loads the hub's whole config (the file JupyterHub is started with, which
+runs this one), so settings made elsewhere (the chart's `hub.config`, a later `hub.extraConfig`
+snippet) reach the spawner and the service alike.
 
 Environment it reads (deploy/jupyterhub/values.yaml passes deploy/settings.env's values as hub.extraEnv):
 
@@ -32,6 +34,10 @@ import os
 import re
 
 c = get_config()  # noqa: F821 (provided by JupyterHub, or the exec above)
+# What the site set before this file runs (Zero-to-JupyterHub applies hub.config first): it wins
+# over the values below, which are this project's defaults, and is put back before the service is
+# registered.
+site_settings = {section: dict(c[section]) for section in ("KubeVirtSpawner", "Workstations") if section in c}
 hub_namespace = os.environ.get("POD_NAMESPACE", "jupyterhub")
 cluster_domain = os.environ.get("CLUSTER_DOMAIN", "cluster.local")
 node_label = os.environ.get("KUBEVIRT_NODE_LABEL", "workload.example.com/kubevirt")
@@ -102,17 +108,18 @@ c.KubeVirtSpawner.profile_list = [
       for resource in gpu_resources),
 ]
 
-# --- the workstations service (snapshots, restore, reset, keep-alive, the rescue page); it reads
-# this same file for the spawner's settings, with the environment named here.
+c.KubeVirtSpawner.update(site_settings.get("KubeVirtSpawner", {}))
+
+# --- the workstations service (snapshots, restore, reset, keep-alive, the rescue page); it loads
+# the hub's whole config, as the hub does, for the spawner's settings.
 from kubevirt_spawner.service import register  # noqa: E402
 
 # It listens on the hub pod's address: the proxy and the workstations' Lab panels reach it through
 # the Service `hub` (which must expose port 10101 beside 8081).
-register(c, __file__, pass_env=("POD_NAMESPACE", "CLUSTER_DOMAIN", "GOLDEN_IMAGE", "GOLDEN_IMAGE_FIRMWARE", "STORAGE_CLASS",
-                                "USER_NAMESPACE_PREFIX", "KUBEVIRT_NODE_LABEL", "ACCELERATOR_LABEL", "GPU_DEVICES"),
-         ip="0.0.0.0", host=f"hub.{hub_namespace}.svc.{cluster_domain}")
+register(c, ip="0.0.0.0", host=f"hub.{hub_namespace}.svc.{cluster_domain}")
 c.Workstations.snapshot_limit = 20
 c.Workstations.keepalive_max_minutes = 240
+c.Workstations.update(site_settings.get("Workstations", {}))
 
 # --- idle stops: the standard jupyterhub-idle-culler, after an hour without activity, with a
 # warning in the Lab ten minutes before (a stop keeps every disk; the next start resumes).

@@ -5,6 +5,7 @@ CRDs stated here; and the pieces agree with each other and with the hub's config
 
 from __future__ import annotations
 
+import copy
 import pathlib
 import re
 import subprocess
@@ -138,6 +139,13 @@ def test_the_other_crds_follow_their_upstream_rules(rendered):
             "WorkstationDiskCloneNotFinishing", "WorkstationSnapshotsFailing", "CephWorkstationPoolNearFull"} <= alerts
     with pytest.raises(ValueError):
         promql_parser.parse("max by (namespace (x")  # (the parser does refuse)
+    # CiliumNetworkPolicy (cilium.io/v2, its CRD's fields): an endpoint selector and egress rules
+    for policy in kinds.pop("CiliumNetworkPolicy"):
+        assert set(policy["spec"]) <= {"endpointSelector", "ingress", "egress", "description"}
+        for rule in policy["spec"]["egress"]:
+            assert set(rule) <= {"toEntities", "toEndpoints", "toCIDR", "toCIDRSet", "toPorts", "toFQDNs"}
+            assert set(rule.get("toEntities", [])) <= {"kube-apiserver", "cluster", "world", "host", "remote-node",
+                                                      "all", "health", "init", "ingress", "unmanaged"}
     # and every other kind is one of Kubernetes' own, which kubernetes-validate knows
     for kind, docs in kinds.items():
         if kind not in UPSTREAM_SCHEMA_KINDS:
@@ -257,12 +265,72 @@ def test_the_config_adds_to_the_charts_services_and_roles(rendered, monkeypatch)
     assert c.JupyterHub.db_url == "postgresql://hub@db.example/jupyterhub"
     assert c.JupyterHub.spawner_class == "kubevirt"
     assert c.JupyterHub.hub_connect_url == "http://hub.jupyterhub.svc.cluster.local:8081"
-    # the service loads the same file on its own, for the same spawner settings
+
+
+# What Zero-to-JupyterHub 4.4's jupyterhub/files/hub/jupyterhub_config.py does, in its order, for a
+# test: the chart's settings, then each hub.config section (c[section].update), then each
+# hub.extraConfig snippet exec'd in key order, the image's copy of the fragment being the repo's.
+CHART_CONFIG = """
+import json, os
+values = json.load(open(os.environ["TEST_CHART_VALUES"]))
+c.JupyterHub.spawner_class = "kubespawner.KubeSpawner"
+c.JupyterHub.hub_connect_url = "http://hub:8081"
+c.JupyterHub.services = [{**service, "name": name} for name, service in values["hub"].get("services", {}).items()]
+for section, cfg in values["hub"].get("config", {}).items():
+    c[section].update(cfg)
+for key, config_py in sorted(values["hub"]["extraConfig"].items()):
+    exec(config_py.replace(os.environ["TEST_IMAGE_FRAGMENT"], os.environ["TEST_REPO_FRAGMENT"]))
+"""
+
+
+def test_the_service_loads_the_hubs_whole_config_in_the_charts_order(rendered, tmp_path, monkeypatch):
+    """A site's settings in the chart's hub.config.KubeVirtSpawner (which the chart applies before
+    every hub.extraConfig snippet: they win over the project's defaults all the same), and in a
+    hub.extraConfig snippet after the project's (here one that names another golden image), reach
+    the spawner; the
+    workstations service loads the file JupyterHub was started with (the chart's
+    jupyterhub_config.py), in the hub's environment, and so restores and resets with the same
+    golden image, names and settings as the spawner."""
+    import json
+
+    from jupyterhub.app import JupyterHub
+
+    from kubevirt_spawner.service import CONFIG_ENV
     from kubevirt_spawner.service.web import load_hub_config
-    [service] = [s for s in c.JupyterHub.services if s["name"] == SERVICE_NAME]
-    assert service["environment"]["KUBEVIRT_SPAWNER_HUB_CONFIG"] == "/usr/local/etc/jupyterhub/kubevirt_spawner_config.py"
-    alone = load_hub_config(str(FRAGMENT))
-    assert alone.KubeVirtSpawner == c.KubeVirtSpawner
+    values = yaml.safe_load((rendered / "jupyterhub" / "values.yaml").read_text())
+    values["hub"]["config"] = {"KubeVirtSpawner": {"vm_name_template": "{user_server}-machine",
+                                                   "root_disk_size": "80Gi"},  # (the project's default: 150Gi)
+                               "Workstations": {"snapshot_limit": 5}}
+    values["hub"]["extraConfig"]["50-site"] = 'c.KubeVirtSpawner.golden_image = "site-images/golden-2027"\n'
+    (tmp_path / "values.json").write_text(json.dumps(values))
+    chart = tmp_path / "jupyterhub_config.py"
+    chart.write_text(CHART_CONFIG)
+    dockerfile = (DEPLOY / "jupyterhub" / "hub-image" / "Dockerfile").read_text()
+    copied = re.search(r"^COPY hub-config/kubevirt_spawner_config.py (\S+)$", dockerfile, re.M).group(1)
+    for name, value in {"TEST_CHART_VALUES": str(tmp_path / "values.json"), "TEST_IMAGE_FRAGMENT": copied,
+                        "TEST_REPO_FRAGMENT": str(FRAGMENT), "POD_NAMESPACE": "jupyterhub",
+                        **values["hub"]["extraEnv"]}.items():
+        monkeypatch.setenv(name, value)
+    hub = JupyterHub.instance(config_file=str(chart))
+    try:
+        hub.load_config_file(str(chart))
+        seen_by_hub = hub.config
+    finally:
+        JupyterHub.clear_instance()
+    assert seen_by_hub.KubeVirtSpawner.golden_image == "site-images/golden-2027"
+    assert seen_by_hub.KubeVirtSpawner.vm_name_template == "{user_server}-machine"
+    # hub.config runs before the project's snippet, and still wins over its defaults
+    assert seen_by_hub.KubeVirtSpawner.root_disk_size == "80Gi" and seen_by_hub.Workstations.snapshot_limit == 5
+    [service] = [s for s in seen_by_hub.JupyterHub.services if s["name"] == SERVICE_NAME]
+    assert service["environment"][CONFIG_ENV] == str(chart)
+    # the service's process: only the environment the hub gives it (no JupyterHub loading a config)
+    for name in list(__import__("os").environ):
+        monkeypatch.delenv(name)
+    for name, value in service["environment"].items():
+        monkeypatch.setenv(name, value)
+    seen_by_service = load_hub_config(service["environment"][CONFIG_ENV])
+    assert seen_by_service.KubeVirtSpawner == seen_by_hub.KubeVirtSpawner
+    assert seen_by_service.Workstations == seen_by_hub.Workstations
 
 
 def test_settings_reach_the_hub(tmp_path, monkeypatch):
@@ -370,3 +438,162 @@ def test_the_hub_image_and_the_values_agree_with_the_hub_config(rendered, monkey
     assert peer["podSelector"]["matchExpressions"] == [{"key": "component", "operator": "In",
                                                         "values": ["hub", "proxy"]}]
     assert any(s["name"] == "idle-culler" or "idle" in s["name"] for s in c.JupyterHub.services)
+
+
+# ------------------------------------------------------------------ network paths, by selector
+# Zero-to-JupyterHub 4.4's policies as its templates render them (jupyterhub/templates/hub/netpol.yaml,
+# proxy/netpol.yaml, _helpers-netpol.tpl renderEgressRules), its pods' labels (hub/deployment.yaml,
+# proxy/deployment.yaml, the legacy matchLabels app/component/release of _helpers.tpl) and defaults
+# (values.yaml: every egressAllowRules flag on for the hub and the proxy, interNamespaceAccessLabels
+# ignore). A peer given as ipBlock reaches no pod here: Cilium, and CNIs like it, apply ipBlock to
+# cluster-external peers only, so a path the product needs must be allowed by a selector.
+PRIVATE_IPS = [{"ipBlock": {"cidr": cidr}} for cidr in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")]
+
+
+def _allow_rules() -> list[dict]:
+    return [{"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}],
+             "to": [{"ipBlock": {"cidr": "169.254.169.254/32"}},
+                    {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}},
+                    *PRIVATE_IPS]},
+            {"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
+                                                                 "169.254.169.254/32"]}}]},
+            {"to": PRIVATE_IPS}, {"to": [{"ipBlock": {"cidr": "169.254.169.254/32"}}]}]
+
+
+def _labelled_from(label: str, accept: bool) -> list[dict]:
+    peer = {"podSelector": {"matchLabels": {label: "true"}}}
+    if not accept:
+        return [peer]
+    return [{**peer, "namespaceSelector": {"matchLabels": {}}}, {"namespaceSelector": {"matchLabels": {label: "true"}}}]
+
+
+def chart_policies(values: dict, release: str) -> dict[str, dict]:
+    """The hub's and the proxy's NetworkPolicy specs, and their pods' labels and named ports."""
+    def legacy(component):
+        return {"app": "jupyterhub", "component": component, "release": release}
+    hub_np, chp_np = values["hub"].get("networkPolicy", {}), values["proxy"].get("chp", {}).get("networkPolicy", {})
+    hub = {"labels": {**legacy("hub"), "hub.jupyter.org/network-access-proxy-api": "true",
+                      "hub.jupyter.org/network-access-proxy-http": "true",
+                      "hub.jupyter.org/network-access-singleuser": "true", **values["hub"].get("labels", {})},
+           "ports": {"http": 8081},
+           "ingress": [{"ports": [{"port": "http"}],
+                        "from": _labelled_from("hub.jupyter.org/network-access-hub",
+                                               hub_np.get("interNamespaceAccessLabels") == "accept")},
+                       *hub_np.get("ingress", [])],
+           "egress": [{"to": [{"podSelector": {"matchLabels": legacy("proxy")}}], "ports": [{"port": 8001}]},
+                      {"to": [{"podSelector": {"matchLabels": legacy("singleuser-server")}}], "ports": [{"port": 8888}]},
+                      *_allow_rules(), *hub_np.get("egress", [])]}
+    accept = chp_np.get("interNamespaceAccessLabels") == "accept"
+    proxy = {"labels": {**legacy("proxy"), "hub.jupyter.org/network-access-hub": "true",
+                        "hub.jupyter.org/network-access-singleuser": "true"},
+             "ports": {"http": 8000, "api": 8001},
+             "ingress": [{"ports": [{"port": "http"}], "from": _labelled_from("hub.jupyter.org/network-access-proxy-http",
+                                                                               accept)},
+                         {"ports": [{"port": "api"}], "from": _labelled_from("hub.jupyter.org/network-access-proxy-api",
+                                                                              accept)},
+                         *chp_np.get("ingress", [])],
+             "egress": [{"to": [{"podSelector": {"matchLabels": legacy("hub")}}], "ports": [{"port": 8081}]},
+                        {"to": [{"podSelector": {"matchLabels": legacy("singleuser-server")}}],
+                         "ports": [{"port": 8888}]},
+                        *_allow_rules(), *chp_np.get("egress", [])]}
+    return {"hub": hub, "proxy": proxy}
+
+
+def _selects(selector: dict, labels: dict) -> bool:
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for e in selector.get("matchExpressions") or []:
+        has, value = e["key"] in labels, labels.get(e["key"])
+        if not {"In": has and value in e.get("values", []), "NotIn": not has or value not in e.get("values", []),
+                "Exists": has, "DoesNotExist": not has}[e["operator"]]:
+            return False
+    return True
+
+
+def _peer_has(peer: dict, policy_namespace: str, pod: dict) -> bool:
+    if "ipBlock" in peer:
+        return False  # never a pod, on Cilium
+    if "namespaceSelector" in peer:
+        if not _selects(peer["namespaceSelector"], pod["namespace_labels"]):
+            return False
+    elif pod["namespace"] != policy_namespace:
+        return False
+    return "podSelector" not in peer or _selects(peer["podSelector"], pod["labels"])
+
+
+def _port_in(rule: dict, port: int, named: dict) -> bool:
+    return not rule.get("ports") or any(p["port"] == port or named.get(p["port"]) == port for p in rule["ports"])
+
+
+def allowed(rules: list[dict], key: str, policy_namespace: str, peer_pod: dict, port: int, named: dict) -> bool:
+    return any(_port_in(rule, port, named) and any(_peer_has(p, policy_namespace, peer_pod) for p in rule.get(key, []))
+               for rule in rules)
+
+
+def test_every_path_the_product_needs_is_allowed_by_selector(rendered, monkeypatch):
+    """hub -> workstation:8888 (its wait for the server), proxy -> workstation:8888 (users' traffic),
+    proxy -> the workstations service in the hub's pod (10101), workstation -> hub API (8081) and
+    service (10101): each allowed by the egress policy of its source and the ingress policy of its
+    target (the chart's, and the per-user namespace policy the spawner makes), by pod and
+    namespace selectors. The chart's policies alone reach the workstations only through ipBlock:
+    without the values' egress rules these paths are refused. The workstation is KubeVirt's
+    virt-launcher pod (label kubevirt.io: virt-launcher, pkg/virt-controller/services/template.go)
+    with the VM template's labels."""
+    from kubevirt_spawner import manifests as m
+    from kubevirt_spawner import names
+    from kubevirt_spawner.service.web import load_hub_config
+    from kubevirt_spawner.spawner import KubeVirtSpawner
+    values = yaml.safe_load((rendered / "jupyterhub" / "values.yaml").read_text())
+    release, hub_ns, user_ns = "jupyterhub", "jupyterhub", "notebook-alice"
+    monkeypatch.setenv("POD_NAMESPACE", hub_ns)
+    spawner = KubeVirtSpawner(config=load_hub_config(str(FRAGMENT)))
+    ident = names.identity("alice")
+    vm = m.virtual_machine(ident, m.MachineSpec(extra_labels=spawner.extra_labels))
+    user_policy = m.network_policy(ident, m.MachineSpec().ports, spawner.network_policy_ingress_from)["spec"]
+    assert _selects(user_policy["podSelector"], vm["spec"]["template"]["metadata"]["labels"])
+
+    def pods(policies):
+        ns_labels = {hub_ns: {"kubernetes.io/metadata.name": hub_ns},
+                     user_ns: {"kubernetes.io/metadata.name": user_ns, **m.namespace(ident)["metadata"]["labels"]}}
+        out = {name: {"namespace": hub_ns, "namespace_labels": ns_labels[hub_ns], "labels": p["labels"]}
+               for name, p in policies.items()}
+        out["workstation"] = {"namespace": user_ns, "namespace_labels": ns_labels[user_ns],
+                              "labels": {**vm["spec"]["template"]["metadata"]["labels"], "kubevirt.io": "virt-launcher"}}
+        return out
+
+    def path(policies, source, target, port) -> bool:
+        pod = pods(policies)
+        out = allowed(policies[source]["egress"], "to", hub_ns, pod[target], port,
+                      policies.get(target, {}).get("ports", {})) if source in policies else True
+        if target == "workstation":
+            into = allowed(user_policy["ingress"], "from", user_ns, pod[source], port, {})
+        else:
+            into = allowed(policies[target]["ingress"], "from", hub_ns, pod[source], port, policies[target]["ports"])
+        return out and into
+
+    needed = [("hub", "workstation", 8888), ("proxy", "workstation", 8888), ("proxy", "hub", 10101),
+              ("workstation", "hub", 8081), ("workstation", "hub", 10101), ("proxy", "hub", 8081),
+              ("hub", "proxy", 8001)]
+    policies = chart_policies(values, release)
+    assert [p for p in needed if not path(policies, *p)] == []
+    # workstations do not reach each other, nor the proxy's API
+    assert not path(policies, "workstation", "workstation", 8888) and not path(policies, "workstation", "proxy", 8001)
+    # the chart alone: only ipBlock towards the users' namespaces and the hub's 10101
+    bare = copy.deepcopy(values)
+    del bare["hub"]["networkPolicy"]["egress"], bare["proxy"]["chp"]["networkPolicy"]["egress"]
+    refused = [p for p in needed if not path(chart_policies(bare, release), *p)]
+    assert refused == [("hub", "workstation", 8888), ("proxy", "workstation", 8888), ("proxy", "hub", 10101)]
+
+
+def test_the_cilium_example_lets_the_hub_reach_the_api_server(rendered):
+    """On Cilium the API server is the entity kube-apiserver, which the chart's ipBlock rules never
+    match (zero-to-jupyterhub-k8s#3202): the example allows the hub's pod, by its chart labels, to
+    reach it on the API ports."""
+    [policy] = yaml.safe_load_all((rendered / "jupyterhub" / "cilium-hub-apiserver-example.yaml").read_text())
+    values = yaml.safe_load((rendered / "jupyterhub" / "values.yaml").read_text())
+    assert policy["apiVersion"] == "cilium.io/v2" and policy["kind"] == "CiliumNetworkPolicy"
+    hub_labels = chart_policies(values, "jupyterhub")["hub"]["labels"]
+    assert _selects(policy["spec"]["endpointSelector"], hub_labels)
+    [rule] = policy["spec"]["egress"]
+    assert rule["toEntities"] == ["kube-apiserver"]
+    assert {p["port"] for p in rule["toPorts"][0]["ports"]} == {"443", "6443"}

@@ -12,9 +12,15 @@ HUB_CONFIG = Path(__file__).resolve().parents[1] / "hub-config"
 
 
 def load(path: Path, env, monkeypatch):
+    """The config as `jupyterhub --config PATH` loads it (the running JupyterHub knows its file)."""
+    from jupyterhub.app import JupyterHub
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    return PyFileConfigLoader(path.name, path=str(path.parent)).load_config()
+    JupyterHub.instance(config_file=str(path))
+    try:
+        return PyFileConfigLoader(path.name, path=str(path.parent)).load_config()
+    finally:
+        JupyterHub.clear_instance()
 
 
 def test_production_config(monkeypatch):
@@ -42,14 +48,14 @@ def test_local_demo_config(monkeypatch, tmp_path):
 
 
 def service_registered(c, port: int | None = None):
-    """The workstations service: started by the hub from the same config file, with a role of
+    """The workstations service: started by the hub with the hub's own config file, with a role of
     exactly its scopes; users and their servers' tokens may call it."""
     from kubevirt_spawner.service import CONFIG_ENV, SERVICE_SCOPES
     [service] = [s for s in c.JupyterHub.services if s["name"] == "workstations"]
     command = service["command"]
     assert command[command.index("service"):] == ["service", "--ip", command[-3], "--port", command[-1]]
-    assert service["environment"][CONFIG_ENV].endswith("kubevirt_spawner_config.py") or \
-        service["environment"][CONFIG_ENV].endswith("demo_config.py")
+    # the hub's whole config, not the fragment that registers the service
+    assert service["environment"][CONFIG_ENV].endswith(("hub-config/jupyterhub_config.py", "demo_config.py"))
     if port:
         assert service["url"] == f"http://127.0.0.1:{port}"
     # The workstations' Lab panels reach it where the proxy does (the guest server extension).

@@ -72,12 +72,10 @@ c.KubeVirtSpawner.profile_list = [
 ]
 
 # --- the workstations service: snapshots, restore, reset, stop, keep-alive, the rescue page.
-# It reads this same file for the spawner's settings.
+# It loads this same file (the hub's config) for the spawner's settings.
 from kubevirt_spawner.service import register  # noqa: E402
 
-register(c, __file__, port=int(os.environ["KUBEVIRT_DEMO_SERVICE_PORT"]),
-         pass_env=("KUBEVIRT_DEMO_STATE", "KUBEVIRT_SPAWNER_KUBECONFIG", "KUBEVIRT_DEMO_PORT", "KUBEVIRT_DEMO_HUB_PORT",
-                   "KUBEVIRT_DEMO_SERVICE_PORT", "CONFIGPROXY_API_URL", "KUBEVIRT_DEMO_EXTRA_CONFIG"))
+register(c, __file__, port=int(os.environ["KUBEVIRT_DEMO_SERVICE_PORT"]))
 
 # Tests (and curious users) can add settings without editing this file.
 if os.environ.get("KUBEVIRT_DEMO_EXTRA_CONFIG"):

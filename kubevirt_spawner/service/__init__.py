@@ -1,36 +1,54 @@
 """The `workstations` hub service: snapshots, restore, reset, stop and keep-alive for users and
 admins, over a REST API and a rescue page, on the same lifecycle code as the spawner.
 
-Hub configs register it with `register(c, __file__)`: the hub then starts `kubevirt-spawner
-service`, which reads the spawner's settings from that same config file, so the two never
-disagree.
+Hub configs register it with `register(c)`: the hub then starts `kubevirt-spawner service`, which
+loads the hub's own config file (the one JupyterHub was started with) as the hub does, with the
+hub's environment, so the two see the same merged settings and never disagree: a setting made
+after the registration (Zero-to-JupyterHub's `hub.config` and every `hub.extraConfig` snippet)
+reaches both.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 SERVICE_NAME = "workstations"
+# The hub's environment variables the service is not given: the proxy's token, cookie secrets,
+# passwords, keys (the service authenticates with its own token, which JupyterHub gives it)
+SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|PWD|_KEY|KEYS)$", re.IGNORECASE)
 CONFIG_ENV = "KUBEVIRT_SPAWNER_HUB_CONFIG"
 # What the service may do through the hub's API: read users and their servers, start and stop
 # servers (restore and reset do, so the hub's view stays true), and record activity (keep-alive).
 SERVICE_SCOPES = ["list:users", "read:users", "read:servers", "servers", "users:activity"]
 
 
-def register(c, config_file: str, port: int = 10101, pass_env: tuple[str, ...] = (), ip: str = "127.0.0.1",
-             host: str | None = None):
-    """Add the service to a hub config `c` (call it from jupyterhub_config.py with `__file__`).
+def hub_config_file() -> str:
+    """The config file of the JupyterHub whose config is being loaded (its --config); in the
+    service's own process, the one it was given; else JupyterHub's default, ./jupyterhub_config.py."""
+    from jupyterhub.app import JupyterHub
+    if JupyterHub.initialized():
+        return os.path.abspath(JupyterHub.instance().config_file)
+    return os.environ.get(CONFIG_ENV) or os.path.abspath(JupyterHub.config_file.default_value)
 
-    Users (through the `user` role) and each server's own token get access to it; the service's
-    role holds only SERVICE_SCOPES. `pass_env`: environment variables the config file reads,
-    passed on (a hub-managed service starts with a bare environment). The service listens on
-    `ip`:`port`; the proxy and the workstations' Lab panels reach it at `host` (default `ip`):
-    in a cluster, the hub pod's Service name with `ip="0.0.0.0"`."""
-    # (and what the Kubernetes client reads: in-cluster credentials, or a kubeconfig)
-    passed = (*pass_env, "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT", "KUBECONFIG")
-    env = {name: os.environ[name] for name in passed if name in os.environ}
-    env[CONFIG_ENV] = os.path.abspath(config_file)
+
+def register(c, config_file: str | None = None, port: int = 10101, ip: str = "127.0.0.1",
+             host: str | None = None):
+    """Add the service to a hub config `c` (call it from the hub's config, or a file it runs).
+
+    The service loads `config_file`, the hub's whole config (default: the file the running
+    JupyterHub loads, never a fragment of it), with the environment the hub's config is loaded
+    in, less the variables that hold secrets (a hub-managed service otherwise starts with a bare
+    one; Zero-to-JupyterHub's config reads its secrets from files in the hub's container, which
+    the service shares). Users (through the
+    `user` role) and each server's own token get access to it; the service's role holds only
+    SERVICE_SCOPES. The service listens on `ip`:`port`; the proxy and the workstations' Lab
+    panels reach it at `host` (default `ip`): in a cluster, the hub pod's Service name with
+    `ip="0.0.0.0"`."""
+    # (JupyterHub sets the service's own JUPYTERHUB_* over these)
+    env = {name: value for name, value in os.environ.items() if not SECRET_NAME.search(name)}
+    env[CONFIG_ENV] = os.path.abspath(config_file) if config_file else hub_config_file()
     services = list(c.JupyterHub.services) if "services" in c.JupyterHub else []
     url = f"http://{host or ip}:{port}"
     services.append({"name": SERVICE_NAME, "url": url, "oauth_no_confirm": True,
