@@ -70,6 +70,7 @@ for gate in "${gate_list[@]}"; do
 done
 KUBEVIRT_FEATURE_GATES_JSON="[$(IFS=','; echo "${gates[*]}")]"
 devices=()
+gpu_names=()
 for device in $GPU_DEVICES; do
   selector="${device%%=*}"; resource="${device#*=}"
   if ! [[ "$selector" =~ ^[0-9A-Fa-f]{4}:[0-9A-Fa-f]{4}$ ]] || [ "$resource" = "$device" ] || [ -z "$resource" ]; then
@@ -77,10 +78,13 @@ for device in $GPU_DEVICES; do
     exit 2
   fi
   devices+=("{\"pciVendorSelector\": \"$selector\", \"resourceName\": \"$resource\"}")
+  gpu_names+=("'$resource'")
 done
 KUBEVIRT_PCI_HOST_DEVICES_JSON="[$(IFS=','; echo "${devices[*]}")]"
-export KUBEVIRT_FEATURE_GATES_JSON KUBEVIRT_PCI_HOST_DEVICES_JSON
-names+=(KUBEVIRT_FEATURE_GATES_JSON KUBEVIRT_PCI_HOST_DEVICES_JSON)
+# the same resource names as a CEL list, for the admission policy's check of a VM's GPUs
+GPU_RESOURCE_NAMES_CEL="[$(IFS=','; echo "${gpu_names[*]}")]"
+export KUBEVIRT_FEATURE_GATES_JSON KUBEVIRT_PCI_HOST_DEVICES_JSON GPU_RESOURCE_NAMES_CEL
+names+=(KUBEVIRT_FEATURE_GATES_JSON KUBEVIRT_PCI_HOST_DEVICES_JSON GPU_RESOURCE_NAMES_CEL)
 
 shell_format=""
 for name in "${names[@]}"; do shell_format+="\${$name} "; done

@@ -301,3 +301,45 @@ def test_a_secret_of_the_hub_is_a_plain_one(policy):
     secret["metadata"]["annotations"] = {"kubernetes.io/service-account.name": "default"}
     verdict = create(policy, secret)
     assert not verdict.allowed and "of type Opaque" in verdict.message
+
+
+def test_a_gpu_vm_of_the_spawner_passes(policy):
+    """GPUs of the resource names deploy/settings.env's GPU_DEVICES configures pass."""
+    gpu = dataclasses.replace(SPEC, gpus=(("nvidia.com/A100-PCIE-40GB", 1),))
+    assert create(policy, m.virtual_machine(IDENT, gpu)) == Verdict(True, True)
+
+
+def _networks(vm, value):
+    vm["spec"]["template"]["spec"]["networks"] = value
+
+
+def _interfaces(vm, value):
+    vm["spec"]["template"]["spec"]["domain"]["devices"]["interfaces"] = value
+
+
+def _devices(key):
+    def change(vm, value):
+        vm["spec"]["template"]["spec"]["domain"]["devices"][key] = value
+    return change
+
+
+@pytest.mark.parametrize("change,value,words", [
+    # another namespace's NetworkAttachmentDefinition (Multus), beside or instead of the pod network
+    (_networks, [{"name": "default", "pod": {}}, {"name": "finance", "multus": {"networkName": "payroll/net"}}],
+     "pod network only"),
+    (_networks, [{"name": "default", "multus": {"networkName": "payroll/net", "default": True}}], "pod network only"),
+    (_interfaces, [{"name": "default", "bridge": {}}], "pod network only"),
+    (_interfaces, [{"name": "default", "sriov": {}}], "pod network only"),
+    (_interfaces, [{"name": "default", "binding": {"name": "passt"}}], "pod network only"),
+    (_devices("hostDevices"), [{"name": "nic", "deviceName": "intel.com/E810"}], "no host devices"),
+    (_devices("gpus"), [{"name": "gpu0", "deviceName": "nvidia.com/H100"}], "GPUs only of the resource names"),
+], ids=["multus-beside", "multus-default", "bridge", "sriov", "binding-plugin", "host-device", "other-gpu"])
+def test_a_vm_of_the_hub_keeps_to_the_pod_network_and_the_configured_gpus(policy, change, value, words):
+    """What a compromised hub could give a root user's VM otherwise: a leg on another namespace's
+    Multus network, a bridge or SR-IOV NIC, a host device, a GPU model it was not given (KubeVirt
+    v1.9 staging/src/kubevirt.io/api/core/v1/schema.go: Network, Interface, Devices)."""
+    vm = m.virtual_machine(IDENT, SPEC)
+    change(vm, value)
+    verdict = create(policy, vm)
+    assert not verdict.allowed and words in verdict.message, verdict
+    assert not update(policy, m.virtual_machine(IDENT, SPEC), vm).allowed
