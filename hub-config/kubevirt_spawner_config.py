@@ -85,8 +85,11 @@ c.KubeVirtSpawner.network_policy_ingress_from = [
      "podSelector": {"matchLabels": {"app": "jupyterhub"},
                      "matchExpressions": [{"key": "component", "operator": "In", "values": ["hub", "proxy"]}]}},
 ]
+# Storage: per workstation (three at most) its system and workspace disks, and while its system disk
+# is cloned (a first start, a reset) CDI's temporary copy of it in the same namespace (the prime
+# claim of CDI's clone populator): 3 x (150 + 100 + 150) Gi; claims, with room: 3 x 3 at least.
 c.KubeVirtSpawner.namespace_resource_quota = {
-    "requests.cpu": "24", "requests.memory": "160Gi", "requests.storage": "1Ti", "persistentvolumeclaims": "12",
+    "requests.cpu": "24", "requests.memory": "160Gi", "requests.storage": "1200Gi", "persistentvolumeclaims": "12",
     **{f"requests.{resource}": "1" for resource in gpu_resources},
 }
 c.KubeVirtSpawner.namespace_limit_range = [{"type": "PersistentVolumeClaim", "max": {"storage": "500Gi"}}]

@@ -395,7 +395,28 @@ class KubeVirtSpawner(Spawner):
     def validate_config(cls, config):
         """Check a hub's configuration now (call it last in jupyterhub_config.py): a bad setting
         stops the hub at start-up with a message naming it, instead of failing a user's start."""
-        cls(config=config)
+        spawner = cls(config=config)
+        spawner._check_storage_quota()
+
+    def _check_storage_quota(self):
+        """A namespace's storage quota must hold one workstation of every profile while its system
+        disk is cloned: its disks and the temporary copy of the system disk CDI's clone populator
+        makes in the same namespace (pkg/controller/populators/populator-base.go, the prime PVC of
+        the target's size), or the clone waits on ErrExceededQuota until the start gives up."""
+        quota = self.namespace_resource_quota
+        for profile in self._profiles() or [None]:
+            spec = self._machine_spec(profile)
+            root, workspace = parse_quantity(spec.root_disk_size), parse_quantity(spec.workspace_disk_size or 0)
+            needed = 2 * root + workspace
+            for key in ("requests.storage", f"{spec.storage_class}.storageclass.storage.k8s.io/requests.storage"):
+                if key in quota and parse_quantity(quota[key]) < needed:
+                    where = f" (profile {spec.profile})" if spec.profile else ""
+                    raise TraitError(
+                        f"KubeVirtSpawner.namespace_resource_quota: {key} = {quota[key]} cannot hold one "
+                        f"workstation{where} while it is cloned: its system disk ({spec.root_disk_size}), its "
+                        f"workspace disk ({spec.workspace_disk_size or 0}) and the temporary copy of the system "
+                        f"disk CDI makes while cloning ({spec.root_disk_size}) need {format_bytes(needed)}; give "
+                        "that much for each workstation a user may start at once")
 
     # ---------------------------------------------------------------- state
     def get_state(self):

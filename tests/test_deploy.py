@@ -333,6 +333,22 @@ def test_the_service_loads_the_hubs_whole_config_in_the_charts_order(rendered, t
     assert seen_by_service.Workstations == seen_by_hub.Workstations
 
 
+def test_the_production_quota_holds_every_workstation_a_user_may_have_while_it_clones(rendered, monkeypatch):
+    """hub.namedServerLimitPerUser workstations of the largest profile at once, each with its two
+    disks and CDI's temporary copy of its system disk (the clone populator's prime PVC)."""
+    from kubevirt_spawner.quantity import parse_quantity
+    from kubevirt_spawner.spawner import KubeVirtSpawner
+    values = yaml.safe_load((rendered / "jupyterhub" / "values.yaml").read_text())
+    c = as_the_chart_runs_it(values, {"POD_NAMESPACE": "jupyterhub"}, monkeypatch)
+    spawner = KubeVirtSpawner(config=c)
+    per_workstation = max(2 * parse_quantity(spec.root_disk_size) + parse_quantity(spec.workspace_disk_size or 0)
+                          for spec in map(spawner._machine_spec, spawner._profiles()))
+    servers = values["hub"]["namedServerLimitPerUser"]
+    quota = spawner.namespace_resource_quota
+    assert parse_quantity(quota["requests.storage"]) >= servers * per_workstation
+    assert int(quota["persistentvolumeclaims"]) >= servers * 3
+
+
 def test_settings_reach_the_hub(tmp_path, monkeypatch):
     """deploy/settings.env's namespace prefix, node labels and GPU models reach the spawner through
     the values' hub.extraEnv: the same labels label-nodes.sh sets, a profile and quota per GPU."""

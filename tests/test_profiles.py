@@ -85,6 +85,31 @@ def test_bad_settings_fail_naming_the_setting(setting, value, message):
         KubeVirtSpawner(config=c)
 
 
+@pytest.mark.parametrize("quota,profile_root,message", [
+    ({"requests.storage": "399Gi"}, None, r"requests.storage = 399Gi cannot hold one workstation while it is cloned.*"
+                                          r"need 400Gi"),
+    ({"ceph-rbd.storageclass.storage.k8s.io/requests.storage": "300Gi"}, None, "need 400Gi"),
+    ({"requests.storage": "400Gi"}, "200Gi", r"workstation \(profile big\) while it is cloned.*need 500Gi"),
+])
+def test_a_storage_quota_that_cannot_hold_a_clone_is_refused(quota, profile_root, message):
+    """While a system disk is cloned, CDI's clone populator keeps a temporary claim of the target's
+    size in the same namespace (pkg/controller/populators/populator-base.go, the prime PVC): a
+    quota must hold both disks and that copy, for every profile, or the clone waits on
+    ErrExceededQuota until the start times out."""
+    c = Config()
+    c.KubeVirtSpawner.root_disk_size = "150Gi"
+    c.KubeVirtSpawner.workspace_disk_size = "100Gi"
+    c.KubeVirtSpawner.storage_class = "ceph-rbd"
+    c.KubeVirtSpawner.namespace_resource_quota = quota
+    if profile_root:
+        c.KubeVirtSpawner.profile_list = [{"display_name": "Big", "slug": "big",
+                                           "kubevirt_override": {"root_disk_size": profile_root}}]
+    with pytest.raises(TraitError, match=message):
+        KubeVirtSpawner.validate_config(c)
+    c.KubeVirtSpawner.namespace_resource_quota = {k: "1Ti" for k in quota}
+    KubeVirtSpawner.validate_config(c)  # room enough
+
+
 def test_profile_override_values_are_validated_like_settings():
     c = Config()
     c.KubeVirtSpawner.profile_list = [{"display_name": "Bad", "kubevirt_override": {"mem_guarantee": "lots"}}]
