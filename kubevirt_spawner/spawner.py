@@ -404,7 +404,8 @@ class KubeVirtSpawner(Spawner):
         makes in the same namespace (pkg/controller/populators/populator-base.go, the prime PVC of
         the target's size), or the clone waits on ErrExceededQuota until the start gives up."""
         quota = self.namespace_resource_quota
-        for profile in self._profiles() or [None]:
+        profiles: list[dict | None] = [*self._profiles()] or [None]
+        for profile in profiles:
             spec = self._machine_spec(profile)
             root, workspace = parse_quantity(spec.root_disk_size), parse_quantity(spec.workspace_disk_size or 0)
             needed = 2 * root + workspace
