@@ -186,7 +186,9 @@ def test_the_lab_warns_before_an_idle_stop_and_keep_running_keeps_the_machine(hu
             shown = int(counted.inner_text())  # (the notification center keeps a toast that closes)
             page.locator(".jp-toast-button", has_text="Keep running").click()
             wait_for(lambda: int(counted.inner_text()) == shown - 1, 10, what="the warning withdrawn")
-            kept = status(hub, user)
+            # (the toast goes at the click; the Lab's keep-alive request may still be on its way)
+            kept = wait_for(lambda: (s := status(hub, user)).get("keepalive_until") and s, 10, interval=0.2,
+                            what="the keep-alive recorded")
             until = datetime.fromisoformat(kept["keepalive_until"])
             assert timedelta(minutes=44) < until - datetime.now().astimezone() <= timedelta(minutes=45), kept
             # the keep-alive's activity reaches the hub past the deadline the warning named ...
