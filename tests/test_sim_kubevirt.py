@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import struct
 import subprocess
@@ -668,6 +669,39 @@ def test_restore_errors_are_tried_again_without_failure_and_a_deleted_restore_un
     assert http(sim).put(f"{sim.url}/sim/v1/faults/restores", json={"error": ""}).status_code == 400
     assert http(sim).put(f"{sim.url}/sim/v1/faults/restores", json={"error": "boom"}).json() == {"error": "boom"}
     assert http(sim).delete(f"{sim.url}/sim/v1/faults/restores").json() == {"error": None}
+
+
+def test_webhooks_down_refuse_kubevirt_and_cdi_writes_as_the_api_server_does(custom, core, sim):
+    """With virt-api and cdi-api unreachable, the API server refuses what their validating webhooks
+    (failurePolicy Fail) would check, with its own 500 (apiserver's validating dispatcher wraps
+    ErrCallingWebhook, pkg/util/webhook/error.go, in NewInternalError), and the aggregator answers
+    503 for virt-api's subresources (kube-aggregator handler_proxy.go). Names and paths: KubeVirt's
+    pkg/virt-operator/resource/generate/components/webhooks.go, CDI's
+    pkg/operator/resources/cluster/apiserver.go. Reads, deletes and other kinds go on."""
+    ns = "webhooks-down"
+    core.create_namespace({"metadata": {"name": ns}})
+    make_disk(custom, ns, "w-disk")
+    assert http(sim).put(f"{sim.url}/sim/v1/faults/webhooks", json={"down": "yes"}).status_code == 400
+    assert http(sim).put(f"{sim.url}/sim/v1/faults/webhooks", json={"down": True}).json() == {"down": True}
+    try:
+        with pytest.raises(ApiException) as refused:
+            custom.create_namespaced_custom_object(*KV, ns, "virtualmachines", vm("w", "w-disk"))
+        assert refused.value.status == 500
+        message = json.loads(refused.value.body)["message"]
+        assert message.startswith('Internal error occurred: failed calling webhook "virtualmachine-validator.'
+                                  'kubevirt.io": failed to call webhook: Post "https://virt-api.kubevirt.svc:443/'
+                                  'virtualmachines-validate?timeout=10s"'), message
+        with pytest.raises(ApiException) as refused:
+            custom.create_namespaced_custom_object(*CDI, ns, "datavolumes", clone_dv("w-other", "60Gi"))
+        assert 'failed calling webhook "datavolume-validate.cdi.kubevirt.io"' in json.loads(refused.value.body)["message"]
+        assert action(sim, ns, "w", "start").status_code == 503
+        core.create_namespaced_config_map(ns, {"metadata": {"name": "unchecked"}})  # no webhook for it
+        assert get(custom, CDI, ns, "datavolumes", "w-disk") is not None
+        assert get(custom, KV, ns, "virtualmachines", "w") is None  # nothing was made
+    finally:
+        assert http(sim).delete(f"{sim.url}/sim/v1/faults/webhooks").json() == {"down": False}
+    custom.create_namespaced_custom_object(*KV, ns, "virtualmachines", vm("w", "w-disk"))
+    assert action(sim, ns, "w", "start").status_code == 202
 
 
 def test_gpu_quota_blocks_the_launcher(custom, core, sim):

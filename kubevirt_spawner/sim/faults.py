@@ -57,12 +57,43 @@ def _records(body: dict, name: str, fields: dict, required: str) -> list[dict]:
     return records
 
 
+VALIDATING_WEBHOOKS = {
+    "VirtualMachine": ("virtualmachine-validator.kubevirt.io", "virt-api.kubevirt.svc", "/virtualmachines-validate"),
+    "VirtualMachineSnapshot": ("virtualmachinesnapshot-validator.snapshot.kubevirt.io", "virt-api.kubevirt.svc",
+                               "/virtualmachinesnapshots-validate"),
+    "VirtualMachineRestore": ("virtualmachinerestore-validator.snapshot.kubevirt.io", "virt-api.kubevirt.svc",
+                              "/virtualmachinerestores-validate"),
+    "DataVolume": ("datavolume-validate.cdi.kubevirt.io", "cdi-api.cdi.svc", "/datavolume-validate"),
+}
+
+
 class Faults:
     def __init__(self, cluster):
         self.c = cluster
         self.api = FaultPicker()
         self.clone_failures = 0
         self.restore_error: str | None = None  # what every restore reports while it is set
+        self.webhooks_down = False  # virt-api and cdi-api unreachable from the API server
+
+    def call_virt_api(self):
+        """subresources.kubevirt.io is virt-api's aggregated API: with virt-api down, the
+        aggregator answers 503 (kube-aggregator pkg/apiserver/handler_proxy.go)."""
+        if self.webhooks_down:
+            raise errors.ApiError(503, "ServiceUnavailable", "service unavailable")
+
+    def call_webhooks(self, kind: str):
+        """The validating webhooks of KubeVirt and CDI (failurePolicy Fail) for an API request that
+        creates or changes `kind`: with their servers down, the API server's own refusal
+        (apiserver admission/plugin/webhook validating dispatcher: NewInternalError of
+        ErrCallingWebhook). The webhooks' names and paths: KubeVirt's
+        pkg/virt-operator/resource/generate/components/webhooks.go, CDI's
+        pkg/operator/resources/cluster/apiserver.go."""
+        hook = VALIDATING_WEBHOOKS.get(kind)
+        if self.webhooks_down and hook:
+            name, service, path = hook
+            raise errors.internal(f'failed calling webhook "{name}": failed to call webhook: Post '
+                                  f'"https://{service}:443{path}?timeout=10s": dial tcp 10.96.0.25:443: connect: '
+                                  "connection refused")
 
     def maybe_fail(self, verb: str, resource: str):
         self.api.maybe_fail(verb, resource)
@@ -114,6 +145,16 @@ class Faults:
             for restore in self.c.store.list(RESTORE):
                 self.c.restore_queue.add((restore["metadata"]["namespace"], restore["metadata"]["name"]))
             return {"error": self.restore_error}
+        if path == "/faults/webhooks":
+            if method == "PUT":
+                if not isinstance(body.get("down"), bool):
+                    raise errors.bad_request('down must be true (virt-api and cdi-api unreachable) or false')
+                self.webhooks_down = body["down"]
+            elif method == "DELETE":
+                self.webhooks_down = False
+            elif method != "GET":
+                raise errors.ApiError(405, "MethodNotAllowed", "GET, PUT or DELETE /sim/v1/faults/webhooks")
+            return {"down": self.webhooks_down}
         if path == "/clones/fail-next" and method == "POST":
             self.clone_failures += int(body.get("count", 1))
             return {"pending": self.clone_failures}

@@ -393,6 +393,7 @@ class ApiHandler(tornado.web.RequestHandler):
             causes = schema.errors(obj)
             if causes:
                 raise errors.invalid(rt, name, causes)
+        self.cluster.faults.call_webhooks(rt.kind)
         admit(self.store, rt, obj, old, self.user)
         return obj
 
@@ -500,6 +501,7 @@ class ApiHandler(tornado.web.RequestHandler):
     async def _kubevirt_subresource(self, method, ns, plural, name, sub):
         if not ns or not name or not sub:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        self.cluster.faults.call_virt_api()
         if plural == "virtualmachines" and sub in VM_ACTIONS:
             if method != "PUT":
                 raise errors.method_not_allowed()
