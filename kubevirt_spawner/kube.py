@@ -70,6 +70,8 @@ VOLUME_SNAPSHOT = Kind("VolumeSnapshot", "snapshot.storage.k8s.io", "v1", "volum
 
 RETRY_STATUS = {429, 500, 502, 503, 504}
 AUTH_REFRESH_SECONDS = 30.0
+_WEBHOOK_UNREACHABLE = re.compile(r'failed calling webhook "([^"]+)"')
+_WEBHOOK_DENIED = re.compile(r'admission webhook "[^"]+" denied the request:\s*')
 _AUTHORIZER_REFUSAL = re.compile(r'forbidden: User ".*" cannot \S+ (resource|path) ')
 
 
@@ -96,6 +98,25 @@ class KubeError(Exception):
     def __str__(self) -> str:
         where = f" ({self.request})" if self.request else ""
         return f"{self.status} {self.reason}: {self.message}{where}"
+
+    @property
+    def for_users(self) -> str:
+        """The refusal in words a user may read: the cause, never the raw answer (an API server's
+        internal error, a proxy's HTML page, a webhook's transport error). A refusal of the
+        request itself (a quota, an invalid object) says why, on one line, without the webhook's
+        prefix."""
+        hook = _WEBHOOK_UNREACHABLE.search(self.message)
+        if self.status >= 500 and hook:
+            service = "CDI's cdi-api" if ".cdi." in hook.group(1) else "KubeVirt's virt-api"
+            return f"{service} did not answer the cluster's API server"
+        if self.status == 429:
+            return "the cluster's API server is overloaded"
+        if self.status == 0:
+            return "the cluster's API server could not be reached"
+        if self.status >= 500:
+            return "the cluster's API server did not complete the request"
+        text = " ".join(_WEBHOOK_DENIED.sub("", self.message).split())
+        return (text[:300].rstrip() + "...") if len(text) > 300 else (text or self.reason or f"HTTP {self.status}")
 
     @property
     def not_found(self) -> bool:

@@ -175,13 +175,17 @@ class Operations:
             await self._fail(op, err.jupyterhub_message or str(err))
             raise
         except k.KubeError as err:
-            await self._fail(op, f"the cluster refused a request ({err.message})")
+            await self._fail(op, f"the cluster refused a request ({err.for_users})")
             raise
         except Exception as err:  # the hub refusing a stop or start, or a bug: recorded all the same
             await self._fail(op, str(getattr(err, "message", "") or err) or type(err).__name__)
             raise
 
     async def _fail(self, op: Operation, why: str):
+        if op.current == "start":  # the change is made; only the start after it did not happen
+            what = "restore" if op.kind == "restore" else "reset"
+            why = (f"The {what} is done, but your workstation did not start again afterwards ({why.rstrip('.')}); "
+                   "start it yourself.")
         op.state, op.error = "failed", why
         self.ws.log.warning("%s failed at step %d (%s): %s", op.kind, op.step + 1, op.current, why)
         try:

@@ -229,7 +229,7 @@ class Workstation:
                 # Not the user's to act on, so not a SpawnException: JupyterHub logs the traceback and
                 # counts an error. The user reads one sentence.
                 if isinstance(exc, k.KubeError) and not exc.permission_denied:
-                    exc.jupyterhub_message = (f"The cluster refused to start your workstation ({exc.message}). Try "
+                    exc.jupyterhub_message = (f"The cluster refused to start your workstation ({exc.for_users}). Try "
                                               "again in a minute; if it keeps failing, tell your administrator.")
                 raise
             finally:
@@ -789,7 +789,7 @@ class Workstation:
                     self.log.error("could not set the reclaim policy of %s back to Retain: %s", volumes, err.message)
                     raise WorkstationError(
                         f"The volumes of your disks could not be set back to keep their data if their claims are "
-                        f"deleted ({err.message}); ask your administrator to set persistentVolumeReclaimPolicy "
+                        f"deleted ({err.for_users}); ask your administrator to set persistentVolumeReclaimPolicy "
                         f"to Retain on PersistentVolume {volumes}.", reason="reclaim-policy", status_code=500) from err
                 await asyncio.sleep(delay)
                 delay *= 2

@@ -42,3 +42,30 @@ def test_proxy_is_used_unless_no_proxy_names_the_api_server():
 def test_a_socks_proxy_is_refused_with_a_sentence():
     with pytest.raises(ValueError, match="SOCKS proxy, which kubevirt-spawner does not support"):
         k.proxy_settings(configuration(proxy="socks5://proxy:1080"))
+
+
+@pytest.mark.parametrize(("status", "message", "words"), [
+    # the API server's own refusal when a validating webhook cannot be called (apiserver's
+    # validating dispatcher: NewInternalError of ErrCallingWebhook)
+    (500, 'Internal error occurred: failed calling webhook "virtualmachine-validator.kubevirt.io": failed to call '
+          'webhook: Post "https://virt-api.kubevirt.svc:443/virtualmachines-validate?timeout=10s": dial tcp '
+          '10.96.0.25:443: connect: connection refused', "KubeVirt's virt-api did not answer the cluster's API server"),
+    (500, 'Internal error occurred: failed calling webhook "datavolume-validate.cdi.kubevirt.io": context deadline '
+          'exceeded', "CDI's cdi-api did not answer the cluster's API server"),
+    (500, "Internal error occurred: etcdserver: request timed out", "the cluster's API server did not complete the request"),
+    (502, "<html><body><h1>502 Bad Gateway</h1></body></html>", "the cluster's API server did not complete the request"),
+    (429, "Too many requests, please try again later.", "the cluster's API server is overloaded"),
+    (0, "cannot reach the API server: Connection refused", "the cluster's API server could not be reached"),
+    # a refusal of the request itself says why, without the webhook's prefix, on one line
+    (422, 'admission webhook "virtualmachine-validator.kubevirt.io" denied the request: spec.template: bad\nsecond',
+     "spec.template: bad second"),
+    (403, 'persistentvolumeclaims "a" is forbidden: exceeded quota: disks, requested: requests.storage=60Gi',
+     'persistentvolumeclaims "a" is forbidden: exceeded quota: disks, requested: requests.storage=60Gi'),
+])
+def test_a_refusal_in_words_a_user_may_read(status, message, words):
+    assert k.KubeError(status, "", message).for_users == words
+
+
+def test_a_long_refusal_is_cut_for_users():
+    said = k.KubeError(422, "Invalid", "x" * 1000).for_users
+    assert len(said) == 303 and said.endswith("...")

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from kubevirt_spawner.service.core import Caller, Workstations
+from kubevirt_spawner import kube as k
+from kubevirt_spawner.service.core import Caller, Workstations, cluster_refusal
 from kubevirt_spawner.service.web import _back_up, _own_servers, _refresh
 
 T0 = datetime(2026, 11, 30, 10, 0, tzinfo=timezone.utc)
@@ -135,3 +136,16 @@ def test_the_operations_the_alerts_watch_are_counted_from_zero():
     text = generate_latest(Workstations(hub=None).registry).decode()
     for kind in ("snapshot", "restore", "reset"):
         assert f'workstations_operations_total{{kind="{kind}",result="failed"}} 0.0' in text
+
+
+def test_a_cluster_refusal_no_step_explained_is_a_sentence_with_its_cause():
+    """What the service answers for a KubeError that reached it (a snapshot's create refused while
+    virt-api is down, say): the cause in words, 503 when the cluster is unavailable, the refusal's
+    own status otherwise; never the API server's raw answer."""
+    down = cluster_refusal(k.KubeError(500, "InternalError", 'Internal error occurred: failed calling webhook '
+                                       '"virtualmachinesnapshot-validator.snapshot.kubevirt.io": failed to call webhook'))
+    assert down.status == 503
+    assert down.message == ("The cluster did not take the request (KubeVirt's virt-api did not answer the cluster's "
+                            "API server). Try again in a minute; if it keeps failing, tell your administrator.")
+    refused = cluster_refusal(k.KubeError(422, "Invalid", "spec.source: Required value"))
+    assert refused.status == 422 and "(spec.source: Required value)" in refused.message

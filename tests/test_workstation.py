@@ -448,7 +448,10 @@ async def test_a_cluster_that_keeps_refusing_is_an_error_for_the_admin_not_a_use
     assert not isinstance(caught.value, SpawnException)
     assert caught.value.status == 500 and str(caught.value).endswith(
         f"(POST /apis/cdi.kubevirt.io/v1beta1/namespaces/{ws.ident.namespace}/datavolumes)")
-    assert caught.value.jupyterhub_message.startswith("The cluster refused to start your workstation (Internal error")
+    # the cause in words, not the API server's raw answer (which the log has)
+    assert caught.value.jupyterhub_message.startswith("The cluster refused to start your workstation (the cluster's "
+                                                      "API server did not complete the request). Try again")
+    assert "etcdserver" not in caught.value.jupyterhub_message
     assert ws.vmi is None
 
 

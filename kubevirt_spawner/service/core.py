@@ -650,6 +650,10 @@ class Workstations(LoggingConfigurable):
             # what the user asked was refused (a taken name, a limit) or it failed: alerts need the latter
             self.m_operations.labels(action, "refused" if err.status_code < 500 else "failed").inc()
             raise ServiceError(err.status_code, err.jupyterhub_message or str(err)) from None
+        except k.KubeError as err:
+            self._audit(caller, action, ws, f"failed: the cluster refused: {err}", detail)
+            self.m_operations.labels(action, "failed").inc()
+            raise cluster_refusal(err) from None
         except HubError as err:
             self._audit(caller, action, ws, f"failed: the hub said {err}", detail)
             self.m_operations.labels(action, "failed").inc()
@@ -670,6 +674,15 @@ class Workstations(LoggingConfigurable):
         full = sum(1 for usage in self._usage.values() for d in usage.values()
                    if d.get("total") and 100.0 * d["used"] / d["total"] >= 85)
         self.m_full.set(full)
+
+
+def cluster_refusal(err: k.KubeError) -> ServiceError:
+    """A request of the cluster's that no step turned into a sentence: its cause in words (the
+    details are for the log)."""
+    unavailable = err.status >= 500 or err.status in (0, 429)
+    return ServiceError(503 if unavailable else err.status, f"The cluster did not take the request ({err.for_users}). "
+                                                            "Try again in a minute; if it keeps failing, tell your "
+                                                            "administrator.")
 
 
 def _gib(size: float | None) -> str | None:

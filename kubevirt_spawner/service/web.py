@@ -21,9 +21,10 @@ from traitlets import default
 from traitlets.config import Application
 from traitlets.config.loader import PyFileConfigLoader
 
+from .. import kube as k
 from ..workstation import WorkstationError
 from . import CONFIG_ENV, SERVICE_NAME
-from .core import Caller, ServiceError, Workstations, workstation_path
+from .core import Caller, ServiceError, Workstations, cluster_refusal, workstation_path
 from .hub import Hub
 
 TEMPLATES = jinja2.Environment(loader=jinja2.PackageLoader("kubevirt_spawner.service", "templates"),
@@ -85,6 +86,10 @@ def _own_servers(user: str, scopes: set[str]) -> frozenset[str] | None:
 class Api(Base):
     """JSON in and out; errors are {"error": "<one sentence>"}."""
 
+    def _cluster_refusal(self, err: k.KubeError) -> ServiceError:
+        self.core.log.warning("%s %s: the cluster refused: %s", self.request.method, self.request.path, err)
+        return cluster_refusal(err)
+
     def write_json(self, data, status: int = 200):
         self.set_status(status)
         self.set_header("Content-Type", "application/json")
@@ -103,6 +108,9 @@ class Api(Base):
             return self.write_json({"error": err.message}, err.status)
         except WorkstationError as err:
             return self.write_json({"error": err.jupyterhub_message}, err.status_code)
+        except k.KubeError as err:  # what no step turned into a sentence: the cause in words, the rest logged
+            refusal = self._cluster_refusal(err)
+            return self.write_json({"error": refusal.message}, refusal.status)
         result = result if result is not None else {}
         self.write_json(result, status(result) if callable(status) else status)
 
@@ -240,6 +248,13 @@ class Page(Base):
         message = getattr(exc, "log_message", None) or self._reason
         self.render_page("error.html", status=status_code, message=message)
 
+    def _render_refusal(self, err: ServiceError | k.KubeError):
+        if isinstance(err, k.KubeError):
+            self.core.log.warning("%s %s: the cluster refused: %s", self.request.method, self.request.path, err)
+            err = cluster_refusal(err)
+        self.set_status(err.status)
+        self.render_page("error.html", status=err.status, message=err.message)
+
     @web.authenticated
     async def get(self, user=None, server=None):
         caller = self.caller()
@@ -255,9 +270,8 @@ class Page(Base):
             self.render_page("workstation.html", caller=caller, ws=view, snapshots=await self.core.snapshots(
                 caller, user, server or ""), events=self.core.start_events(ws), last_start=await self.core.last_start(ws),
                 message=DONE.get(self.get_argument("done", ""), ""), follow=follow, refresh=_refresh(view, follow))
-        except ServiceError as err:
-            self.set_status(err.status)
-            self.render_page("error.html", status=err.status, message=err.message)
+        except (ServiceError, k.KubeError) as err:
+            self._render_refusal(err)
 
     @web.authenticated
     async def post(self, user=None, server=None):
@@ -287,9 +301,8 @@ class Page(Base):
                 done = "stopped"
             else:
                 raise ServiceError(400, "Unknown action.")
-        except ServiceError as err:
-            self.set_status(err.status)
-            return self.render_page("error.html", status=err.status, message=err.message)
+        except (ServiceError, k.KubeError) as err:
+            return self._render_refusal(err)
         page = f"{self.settings['prefix']}workstation/{quote(user, safe='')}"
         if srv:
             page += f"/servers/{quote(srv, safe='')}"
