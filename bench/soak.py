@@ -53,7 +53,7 @@ from scale import machine  # noqa: E402
 from bench_sim import admin_session  # noqa: E402
 from simtools import hub_kubeconfig  # noqa: E402  (the tests' helper: the hub's RBAC, rendered)
 
-OPERATION_TIMEOUT = 30  # seconds a step of a restore or reset may take: short, so timeouts happen
+OPERATION_TIMEOUT = 20  # seconds a step of a restore or reset may take: short, so timeouts happen
 STOP_TIMEOUT = 10
 EXTRA_CONFIG = f"""
 c.JupyterHub.log_level = "INFO"
@@ -77,9 +77,10 @@ RAW = re.compile(r"Traceback|File \"|\"kind\":|'kind':|apiVersion|HTTP response|
                  r"Too many requests, please|^(Internal Server Error|Unhandled error|Bad Gateway)\.?$", re.I)
 ACTIONS = {  # weights
     "start": 14, "stop": 8, "stop-service": 3, "write": 10, "snapshot": 8, "delete-snapshot": 3,
-    "restore": 7, "reset": 3, "keepalive": 3, "switch-profile": 3, "delete-named": 2, "purge": 2,
+    "restore": 10, "reset": 3, "keepalive": 3, "switch-profile": 3, "delete-named": 2, "purge": 2,
 }
-# While an operation runs, these weigh more (added to FAULTS).
+# While an operation runs, these weigh more (added to FAULTS); half the restores and resets get one
+# of them at a random moment of their first seconds.
 OPERATION_FAULTS = {"restore-error": 10, "kill-service": 5, "webhooks-down": 3}
 FAULTS = {
     "api-500": 3, "api-429": 2, "watch-cut": 3, "kill-hub": 2, "kill-service": 3, "node-loss": 2,
@@ -140,10 +141,12 @@ class Soak:
         self.errors_seen = 0
         self.suspect_pvs: set[str] = set()
         self.known_pvcs: dict[str, tuple[str, str, str]] = {}  # uid -> (namespace, name, workstation label)
-        self.licences: dict[tuple[str, str], float] = {}  # (namespace, label) -> until: deletions allowed
+        self.licences: set[tuple[str, str]] = set()  # (namespace, label): purged since the last check
+        self.last_check = 0.0  # (wall clock, as the operations' records)
         self.disagree: dict[str, float] = {}  # workstation -> since when hub and cluster disagree
         self.hub_down_since: float | None = None
         self.last_answer = ""
+        self.hub_restarts = 0  # by the soak's "Deployment", after the hub exited by itself
         self.sim = self.hub = self.proxy = None
         self._start()
 
@@ -203,6 +206,14 @@ class Soak:
         if restart:
             self.hub = demo.start_hub(self.settings, self.workdir / "hub.log")
 
+    def _supervise(self):
+        """The hub runs in a pod: a hub that exited (JupyterHub exits when its managed service dies
+        while it starts: app.py start_service) is started again, as its Deployment does."""
+        if self.hub.poll() is not None:
+            self.trace(f"the hub exited with status {self.hub.returncode}: started again")
+            self.hub_restarts += 1
+            self.kill_hub()
+
     def service_pids(self) -> list[int]:
         out = subprocess.run(["pgrep", "-f", f"kubevirt_spawner.cli service --ip 127.0.0.1 --port "
                                             f"{self.settings.service_port}"], capture_output=True, text=True)
@@ -245,15 +256,15 @@ class Soak:
 
     def answered(self, what: str, r: requests.Response) -> bool:
         """Whether the request did what it asked; its error, if any, is a sentence a user read. A
-        service that is down (killed, not yet started again) answers through the proxy with the
-        hub's error page: that is the availability check's to judge."""
+        hub or service that is down (killed, not yet started again) answers through the proxy with
+        the hub's error page or the proxy's: that is the availability check's to judge."""
         self.last_answer = f"{r.status_code} {r.text[:160]}"
         if r.status_code < 300:
             return True
         try:
             body = r.json()
         except ValueError:
-            if r.status_code in (502, 503) and "/services/" in r.url:
+            if r.status_code in (502, 503):  # the proxy's: hub or service down (the availability check's)
                 return False
             raise Violation(f"{what} answered {r.status_code} without JSON: {r.text[:300]!r}") from None
         self.saw(what, body.get("message") or body.get("error") or body)
@@ -289,6 +300,7 @@ class Soak:
         except Violation as v:
             self.violations.append(str(v))
             self.say(f"VIOLATION at step {self.step} (seed {self.seed}): {v}")
+            self.trace(f"VIOLATION: {v}")
         except (requests.RequestException, subprocess.SubprocessError, demo.DemoError) as err:
             self.violations.append(f"the soak could not go on: {err}")
             self.say(f"VIOLATION at step {self.step} (seed {self.seed}): the hub or the simulator stopped "
@@ -307,7 +319,7 @@ class Soak:
 
     def _due(self):
         now = time.monotonic()
-        for item in sorted(x for x in self.later if x[0] <= now):
+        for item in sorted((x for x in self.later if x[0] <= now), key=lambda x: x[0]):
             self.later.remove(item)
             item[2]()
 
@@ -363,18 +375,18 @@ class Soak:
             if not snaps:
                 return False
             name = self.rng.choice(snaps)
-            self._licence(s)
             r = self.service("POST", s.service_path + "/restore", {"snapshot": name, "confirm": True})
             if self.answered(f"restore of {s.path}", r):
+                self._mid_operation()
                 # as before or as in the snapshot (the safety snapshot and the soak's own before it
                 # are not known file by file: anything)
                 root, home = s.snapshots.get(name, ("?", "?"))
                 s.root, s.home = s.root | {root}, s.home | {home}
             return True
         if kind == "reset":
-            self._licence(s)
             if self.answered(f"reset of {s.path}", self.service("POST", s.service_path + "/reset",
                                                                  {"confirm": s.path})):
+                self._mid_operation()
                 s.root = s.root | {None}  # a fresh system disk has no file of the user's
             return True
         if kind == "delete-named":
@@ -393,10 +405,19 @@ class Soak:
             return True
         raise ValueError(kind)
 
+    def _mid_operation(self):
+        if self.rng.random() < 0.5:
+            kind = self._pick(OPERATION_FAULTS)
+
+            def inject():
+                if self.fault(kind):
+                    self.faults[kind] += 1
+                    self.trace(f"fault {kind} (during an operation)")
+            self._after(self.rng.uniform(0, 4), "soon", inject)
+
     def _licence(self, s: Station):
-        """Deletions of this workstation's claims are allowed while what the soak asked runs (and
-        two minutes from the asking: the record of the operation is the other half)."""
-        self.licences[s.key] = time.monotonic() + 120
+        """A purge deletes this workstation's claims: until the next check has seen them go."""
+        self.licences.add(s.key)
 
     def hub_server(self, s: Station) -> dict | None:
         model = self.hub_api("GET", f"/users/{s.user}").json()
@@ -525,12 +546,11 @@ class Soak:
 
     def clear_faults(self):
         """Every fault ends (nodes come back) at once."""
-        for _, _, undo in sorted(self.later, key=lambda x: x[0]):
-            undo()
-        self.later.clear()
-        for _, _, undo in list(self.later):  # a fence schedules the recovery
-            undo()
-        self.later.clear()
+        for _ in range(2):  # (a fence schedules the node's recovery)
+            ends = [x for x in sorted(self.later, key=lambda x: x[0]) if x[1] != "soon"]  # (no new faults)
+            self.later.clear()
+            for _, _, undo in ends:
+                undo()
         self.control("DELETE", "/faults/api")
         self.control("DELETE", "/faults/restores")
         self.control("DELETE", "/faults/webhooks")
@@ -538,7 +558,7 @@ class Soak:
     # ------------------------------------------------------------ invariants
     def check(self, final: bool = False):
         self.checks += 1
-        now = time.monotonic()
+        self._supervise()
         violations = self.control("GET", "/violations")["violations"]
         if violations:
             raise Violation(f"a read-write-once volume was attached twice: {violations[:3]}")
@@ -547,12 +567,17 @@ class Soak:
                for vm in self.items("/apis/kubevirt.io/v1/virtualmachines")}
         restores = {(r["metadata"]["namespace"], r["spec"]["target"]["name"])
                     for r in self.items("/apis/snapshot.kubevirt.io/v1beta1/virtualmachinerestores")}
+        # Busy: an operation runs, or a VirtualMachineRestore of the VM exists (KubeVirt may still
+        # replace claims). Claims may also have gone with an operation that ended since the last
+        # check, or with a purge.
         busy = {key for key, vm in vms.items() if _running_operation(vm) or
                 (key[0], vm["metadata"]["name"]) in restores}
-        busy |= {key for key, until in self.licences.items() if until > now}
+        ended = {key for key, vm in vms.items() if _operation_updated(vm) >= self.last_check - 5}
         self._check_operations(vms)
-        self._check_claims(busy)
+        self._check_claims(busy | ended | set(self.licences))
+        self.licences.clear()
         self._check_volumes(busy)
+        self.last_check = time.time()
         for (ns, label), vm in vms.items():
             op = Operation.from_vm(vm)
             if op is not None and op.state == "failed":
@@ -599,7 +624,7 @@ class Soak:
         for (ns, label), vm in vms.items():
             op = Operation.from_vm(vm)
             if _running_operation(vm) and op.updated:
-                age = time.time() - calendar.timegm(time.strptime(op.updated, "%Y-%m-%dT%H:%M:%SZ"))
+                age = time.time() - _operation_updated(vm)
                 if age > limit:
                     raise Violation(f"the {op.kind} of {ns}/{label} still says running {age:.0f} s after its last "
                                     f"step began ({op.describe()})")
@@ -706,11 +731,20 @@ class Soak:
     def summary(self) -> str:
         acts = ", ".join(f"{k} {v}" for k, v in sorted(self.actions.items()))
         faults = ", ".join(f"{k} {v}" for k, v in sorted(self.faults.items()))
-        return f"actions: {acts}\nfaults: {faults}\nmessages users read and checked: {self.errors_seen}"
+        return (f"actions: {acts}\nfaults: {faults}\nmessages users read and checked: {self.errors_seen}\n"
+                f"hub exits (restarted as a Deployment would): {self.hub_restarts}")
 
     def last_line(self) -> str:
         return (f"soak: seed {self.seed}, {sum(self.actions.values())} actions, {sum(self.faults.values())} faults, "
                 f"{self.checks} invariant checks, {len(self.violations)} violations")
+
+
+def _operation_updated(vm: dict) -> float:
+    """When the VM's operation record was last saved (epoch seconds; 0 without one)."""
+    op = Operation.from_vm(vm)
+    if op is None or not op.updated:
+        return 0.0
+    return calendar.timegm(time.strptime(op.updated, "%Y-%m-%dT%H:%M:%SZ"))
 
 
 def _running_operation(vm: dict) -> bool:

@@ -762,9 +762,14 @@ class Workstation:
     async def _replaced_any(self, claims: list[dict]) -> bool:
         """Whether any of `claims` (as they were before the restore) is gone or going: read from the
         API server, not the cache, since this decides whether a restore may be cancelled."""
+        if not claims:
+            return False
+        # (a list, as the caches read claims: the hub's RBAC grants no get of one)
+        found = await self.kube.list(k.PVC, self.ident.namespace)
+        now = {c["metadata"]["name"]: c for c in found.get("items") or []}
         for claim in claims:
             meta = claim["metadata"]
-            current = await self.kube.get(k.PVC, meta["namespace"], meta["name"])
+            current = now.get(meta["name"])
             if current is None or current["metadata"]["uid"] != meta["uid"] or \
                     current["metadata"].get("deletionTimestamp"):
                 return True

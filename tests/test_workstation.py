@@ -25,7 +25,7 @@ from kubevirt_spawner.reflector import Caches
 from kubevirt_spawner.spawner import KubeVirtSpawner
 from kubevirt_spawner.workstation import CloneGate, Settings, Workstation, WorkstationError
 
-from simtools import http, sim_api, start_sim, wait_for
+from simtools import http, hub_kubeconfig, sim_api, start_sim, wait_for
 
 GPU = "nvidia.com/A100-PCIE-40GB"
 GPU_PLACEMENT = dict(node_selector={"accelerator.example.com/mode": "vfio"},
@@ -38,19 +38,24 @@ LOG = logging.getLogger("test-hub")  # stands in for the hub's logger
 @pytest.fixture(scope="module")
 def wsim(tmp_path_factory):
     s = start_sim(tmp_path_factory.mktemp("ws"), guest_mode="null")
+    # The hub's requests are made as the hub: Zero-to-JupyterHub's ServiceAccount bound to
+    # deploy/rbac/, so a step that needs a permission the hub lacks fails here.
+    s.hub_kubeconfig = hub_kubeconfig(s, tmp_path_factory.mktemp("ws-hub") / "hub.kubeconfig")
     yield s
     s.stop()
 
 
 @pytest.fixture
 async def env(wsim):
-    kube = k.Kube(k.load_api_client(wsim.kubeconfig), LOG)
+    kube = k.Kube(k.load_api_client(wsim.hub_kubeconfig), LOG)
+    admin = k.Kube(k.load_api_client(wsim.kubeconfig), LOG)  # the cluster admin: what a test sets up
     caches = Caches(kube, m.LABEL_WORKSTATION)
     caches.start()
     await caches.wait_synced(30)
-    yield types.SimpleNamespace(kube=kube, caches=caches, sim=wsim)
+    yield types.SimpleNamespace(kube=kube, admin=admin, caches=caches, sim=wsim)
     caches.stop()
     await kube.aclose()
+    await admin.aclose()
 
 
 @contextlib.contextmanager
@@ -86,7 +91,7 @@ async def forget_shared():
 
 async def ensure_namespace(env, name: str):
     try:
-        await env.kube.create(k.NAMESPACE, {"metadata": {"name": name}})
+        await env.admin.create(k.NAMESPACE, {"metadata": {"name": name}})
     except k.KubeError as err:
         if err.status != 409:
             raise
@@ -210,7 +215,7 @@ async def copy_clones(env):
     profile = k.STORAGE_PROFILE
 
     async def strategy(value):
-        await env.kube.patch(profile, None, "ceph-rbd", {"spec": {"cloneStrategy": value}})
+        await env.admin.patch(profile, None, "ceph-rbd", {"spec": {"cloneStrategy": value}})
         expected = value or "csi-clone"
         await env.caches.wait_for(lambda: env.caches.clone_strategy("ceph-rbd") == expected, 10)
 
@@ -310,13 +315,13 @@ async def test_a_stop_during_a_slow_shutdown_is_fine_and_a_start_waits_for_it(en
     guest = f"/vmis/{ws.ident.namespace}/{ws.ident.vm}/guest"
     sim_api(env.sim, "PUT", guest, {"shutdownSeconds": 80})  # 2 s at the tests' speed
     try:
-        await env.kube.vm_action(ws.ident.namespace, ws.ident.vm, "stop")  # someone else stopped it
+        await env.admin.vm_action(ws.ident.namespace, ws.ident.vm, "stop")  # someone else stopped it
         await env.caches.wait_for(lambda: ws.vmi is not None and ws.vmi["metadata"].get("deletionTimestamp"), 10)
         await ws.stop()  # answered 409 "shorter graceperiod": a stop is under way, so wait for it
         assert ws.vmi is None
 
         await ws.start({}, [])
-        await env.kube.vm_action(ws.ident.namespace, ws.ident.vm, "stop")
+        await env.admin.vm_action(ws.ident.namespace, ws.ident.vm, "stop")
         await env.caches.wait_for(lambda: ws.vmi is not None and ws.vmi["metadata"].get("deletionTimestamp"), 10)
         old_uid = ws.vmi["metadata"]["uid"]
         seen: list[str] = []
@@ -332,7 +337,7 @@ async def test_a_missing_root_disk_is_reported_never_silently_recreated(env):
     ws = workstation(env, "xena")
     await ws.start({}, [])
     await ws.stop()
-    await env.kube.delete(k.DV, ws.ident.namespace, ws.ident.rootdisk)
+    await env.admin.delete(k.DV, ws.ident.namespace, ws.ident.rootdisk)
     await env.caches.wait_for(lambda: ws.rootdisk is None and ws.rootdisk_pvc is None, 20)
     before = counts(env.sim)
     with user_error("disk-missing", "Your system disk .* is missing"):
@@ -378,7 +383,7 @@ async def test_an_object_of_someone_else_is_never_adopted(env):
     workstation's label."""
     ident = names.identity("zoe")
     await ensure_namespace(env, ident.namespace)
-    await env.kube.create(k.SERVICE, {"metadata": {"name": ident.service, "namespace": ident.namespace},
+    await env.admin.create(k.SERVICE, {"metadata": {"name": ident.service, "namespace": ident.namespace},
                                       "spec": {"ports": [{"port": 80}]}})
     ws = workstation(env, "zoe")
     with user_error("name-taken", f"Service {ident.namespace}/{ident.service} already exists and does not belong "
@@ -391,7 +396,7 @@ async def test_an_object_of_its_own_missing_from_a_lagging_cache_is_adopted(env,
     brings it: listed by name, it is recognised as this workstation's, not called foreign."""
     ws = workstation(env, "lex")
     await ensure_namespace(env, ws.ident.namespace)
-    await env.kube.create(k.SERVICE, m.service(ws.ident, ws.spec))
+    await env.admin.create(k.SERVICE, m.service(ws.ident, ws.spec))
     monkeypatch.setattr(env.caches.services, "get", lambda namespace, name: None)  # the watch lags
     before = counts(env.sim)
     found = await ws._ensure(k.SERVICE, m.service(ws.ident, ws.spec), env.caches.services)
@@ -408,7 +413,7 @@ async def test_retire_deletes_the_machine_and_keeps_disks_and_snapshots(env):
             "metadata": {"name": "ivy-before-upgrade", "namespace": ws.ident.namespace,
                          "labels": m.labels(ws.ident, "snapshot")},
             "spec": {"source": {"apiGroup": "kubevirt.io", "kind": "VirtualMachine", "name": ws.ident.vm}}}
-    await env.kube.create(SNAPSHOT, snap)
+    await env.admin.create(SNAPSHOT, snap)
     before = counts(env.sim)
     kept = await ws.retire()
     assert sorted(kept) == ["DataVolume/ivy-rootdisk", "DataVolume/ivy-workspace",
@@ -417,7 +422,7 @@ async def test_retire_deletes_the_machine_and_keeps_disks_and_snapshots(env):
     deleted = {key for key in diff(before, counts(env.sim)) if key.startswith("delete")}
     assert deleted == {"delete virtualmachines", "delete services", "delete secrets"}
     for kind, name in ((k.DV, "ivy-rootdisk"), (k.PVC, "ivy-workspace"), (SNAPSHOT, "ivy-before-upgrade")):
-        obj = await env.kube.get(kind, ws.ident.namespace, name)
+        obj = await env.admin.get(kind, ws.ident.namespace, name)
         assert obj["metadata"]["labels"][m.LABEL_RETAINED] == "true"
         assert obj["metadata"]["annotations"][m.ANNOTATION_RETAIN_UNTIL] > "2026"
     await env.caches.wait_for(lambda: ws.vm is None and ws.service is None, 10)
@@ -427,7 +432,7 @@ async def test_retire_deletes_the_machine_and_keeps_disks_and_snapshots(env):
     before = counts(env.sim)
     await again.start({}, [])
     assert "create datavolumes" not in diff(before, counts(env.sim))
-    dv = await env.kube.get(k.DV, ws.ident.namespace, "ivy-rootdisk")
+    dv = await env.admin.get(k.DV, ws.ident.namespace, "ivy-rootdisk")
     assert m.LABEL_RETAINED not in dv["metadata"]["labels"]
     await again.stop()
 
@@ -464,7 +469,7 @@ async def test_throttling_waits_as_long_as_the_server_asks(env):
     sim_api(env.sim, "PUT", "/faults/api", rule)
     before = counts(env.sim).get("create configmaps", 0)
     t0 = time.monotonic()
-    call = asyncio.ensure_future(env.kube.call("POST", "/api/v1/namespaces/default/configmaps", None,
+    call = asyncio.ensure_future(env.admin.call("POST", "/api/v1/namespaces/default/configmaps", None,
                                                {"metadata": {"name": f"throttled-{int(t0 * 1000)}"}}))
     try:
         while counts(env.sim).get("create configmaps", 0) == before:  # one 429 answered
@@ -485,7 +490,7 @@ async def test_a_restart_that_may_have_landed_is_not_sent_again(env):
     before = counts(env.sim)
     try:
         with pytest.raises(k.KubeError) as caught:
-            await env.kube.vm_action(ws.ident.namespace, ws.ident.vm, "restart")
+            await env.admin.vm_action(ws.ident.namespace, ws.ident.vm, "restart")
     finally:
         sim_api(env.sim, "DELETE", "/faults/api")
     assert caught.value.status == 500
@@ -531,7 +536,7 @@ async def test_the_caches_keep_no_managed_fields(env):
     await ensure_namespace(env, ident.namespace)
     fields = [{"manager": "kubectl", "operation": "Update", "apiVersion": "v1", "fieldsType": "FieldsV1",
                "fieldsV1": {"f:metadata": {"f:labels": {}}}}]
-    await env.kube.create(k.SERVICE, {"metadata": {"name": "mona-extra", "namespace": ident.namespace,
+    await env.admin.create(k.SERVICE, {"metadata": {"name": "mona-extra", "namespace": ident.namespace,
                                                    "labels": {m.LABEL_WORKSTATION: ident.slug},
                                                    "managedFields": fields},
                                       "spec": {"ports": [{"port": 80}]}})
@@ -585,10 +590,10 @@ async def test_stop_asks_the_cluster_even_before_the_cache_shows_the_vm(env, mon
         monkeypatch.setattr(cache, "_apply", lambda event_type, obj: None)
     vm = m.virtual_machine(ws.ident, ws.spec)
     vm["spec"]["runStrategy"] = "Always"
-    await env.kube.create(k.VM, vm)
+    await env.admin.create(k.VM, vm)
     assert ws.vm is None
     await ws.stop(now=True)
-    stored = await env.kube.get(k.VM, ws.ident.namespace, ws.ident.vm)
+    stored = await env.admin.get(k.VM, ws.ident.namespace, ws.ident.vm)
     assert stored["spec"]["runStrategy"] == "Halted"
 
 
@@ -749,7 +754,7 @@ async def stopped_with_snapshot(env, user: str) -> Workstation:
 
 async def volume_snapshots(env, ws: Workstation, *claims: str) -> list[str]:
     """The VolumeSnapshots of `claims` (the volumes of the workstation's snapshots)."""
-    found = (await env.kube.list(k.VOLUME_SNAPSHOT, ws.ident.namespace))["items"]
+    found = (await env.admin.list(k.VOLUME_SNAPSHOT, ws.ident.namespace))["items"]
     return [vs["metadata"]["name"] for vs in found if field_value(vs, "spec.source.persistentVolumeClaimName") in claims]
 
 
@@ -764,11 +769,11 @@ async def test_a_restore_the_webhook_refuses_gives_the_volumes_retain_back(env):
     ws = await stopped_with_snapshot(env, "rolf")
     snap = ws.snapshot_for_restore("clean")
     with restores_fail(env, "VolumeSnapshot vs-x not ready"):
-        await env.kube.create(k.RESTORE, m.virtual_machine_restore(ws.ident, snap["object"], "someone-elses"))
+        await env.admin.create(k.RESTORE, m.virtual_machine_restore(ws.ident, snap["object"], "someone-elses"))
         with pytest.raises(k.KubeError, match='VirtualMachineRestore \\"someone-elses\\" in progress'):
             await ws.restore_snapshot("clean", "rolf-restore", timeout=30)
         assert sorted(volumes_of(env, ws.ident.namespace).values()) == [("Bound", "Retain")] * 2
-        await env.kube.delete(k.RESTORE, ws.ident.namespace, "someone-elses")
+        await env.admin.delete(k.RESTORE, ws.ident.namespace, "someone-elses")
 
 
 async def test_a_restore_that_stalls_before_replacing_a_disk_is_cancelled(env):
@@ -781,7 +786,7 @@ async def test_a_restore_that_stalls_before_replacing_a_disk_is_cancelled(env):
         with user_error("restore-failed", "VolumeSnapshot vs-x not ready.*cancelled before any disk was replaced"):
             await ws.restore_snapshot("clean", "sten-restore", timeout=3)
     assert sorted(volumes_of(env, ws.ident.namespace).values()) == [("Bound", "Retain")] * 2
-    found = await env.kube.list(k.RESTORE, ws.ident.namespace)
+    found = await env.admin.list(k.RESTORE, ws.ident.namespace)
     assert [r["metadata"]["name"] for r in found["items"] if not r["metadata"].get("deletionTimestamp")] == []
     await env.caches.wait_for(lambda: locked_by(ws) is None, 30, ws.ident.namespace)
     refuse_start_during_operation(ws)  # nothing refuses a start
@@ -798,7 +803,7 @@ async def test_a_restore_stuck_after_replacing_a_disk_says_what_an_admin_must_do
     an admin must let finish, in one sentence, never KubeVirt's "Cannot update VM runStrategy"."""
     ws = await stopped_with_snapshot(env, "tova")
     for vs in await volume_snapshots(env, ws, ws.ident.rootdisk):
-        await env.kube.delete(k.VOLUME_SNAPSHOT, ws.ident.namespace, vs)
+        await env.admin.delete(k.VOLUME_SNAPSHOT, ws.ident.namespace, vs)
     ops = Operations(ws, LocalServer(ws), safety_snapshot=False, timeout=5)
     op = await ops.begin_restore("clean", by="tova")
     sentence = f"until an administrator fixes that so that VirtualMachineRestore {ws.ident.namespace}/tova-restore-"
@@ -807,11 +812,11 @@ async def test_a_restore_stuck_after_replacing_a_disk_says_what_an_admin_must_do
     recorded = Operation.from_vm(ws.vm)
     assert recorded.state == "failed" and recorded.restore in recorded.error and recorded.error.startswith("Restoring")
     assert locked_by(ws) == recorded.restore
-    assert (await env.kube.get(k.RESTORE, ws.ident.namespace, recorded.restore)) is not None  # left to finish
+    assert (await env.admin.get(k.RESTORE, ws.ident.namespace, recorded.restore)) is not None  # left to finish
     with user_error("restore-stuck", re.escape(recorded.error)):
         refuse_start_during_operation(ws)
     # What the admin does when the cause cannot be fixed: the restore goes, KubeVirt unlocks the VM
-    await env.kube.delete(k.RESTORE, ws.ident.namespace, recorded.restore)
+    await env.admin.delete(k.RESTORE, ws.ident.namespace, recorded.restore)
     await env.caches.wait_for(lambda: locked_by(ws) is None, 30, ws.ident.namespace)
     refuse_start_during_operation(ws)
 
@@ -821,13 +826,13 @@ async def test_a_restore_lock_without_a_record_still_refuses_starts_with_a_sente
     before KubeVirt's webhook would, with the restore's name."""
     ws = await stopped_with_snapshot(env, "ulla")
     for vs in await volume_snapshots(env, ws, ws.ident.rootdisk, ws.ident.workspace):
-        await env.kube.delete(k.VOLUME_SNAPSHOT, ws.ident.namespace, vs)
+        await env.admin.delete(k.VOLUME_SNAPSHOT, ws.ident.namespace, vs)
     snap = ws.snapshot_for_restore("clean")
-    await env.kube.create(k.RESTORE, m.virtual_machine_restore(ws.ident, snap["object"], "by-hand"))
+    await env.admin.create(k.RESTORE, m.virtual_machine_restore(ws.ident, snap["object"], "by-hand"))
     await env.caches.wait_for(lambda: locked_by(ws) == "by-hand", 30, ws.ident.namespace)
     with user_error("restore-stuck", re.escape(f"locked by VirtualMachineRestore {ws.ident.namespace}/by-hand")):
         refuse_start_during_operation(ws)
-    await env.kube.delete(k.RESTORE, ws.ident.namespace, "by-hand")
+    await env.admin.delete(k.RESTORE, ws.ident.namespace, "by-hand")
     await env.caches.wait_for(lambda: locked_by(ws) is None, 30, ws.ident.namespace)
 
 
@@ -889,7 +894,7 @@ async def test_kubevirts_default_restore_would_give_the_disk_to_the_vm(env):
     snap = await ws.take_snapshot("plain")
     default = m.virtual_machine_restore(ws.ident, snap["object"], "dora-default-restore")
     del default["spec"]["volumeRestorePolicy"], default["spec"]["volumeOwnershipPolicy"]
-    await env.kube.create(k.RESTORE, default)
+    await env.admin.create(k.RESTORE, default)
 
     def restored_claim():
         volume = next(v for v in field_value(ws.vm, "spec.template.spec.volumes") if v["name"] == "rootdisk")
@@ -907,7 +912,7 @@ async def test_a_reset_installs_the_golden_image_configured_now(env):
     golden_v2 = "ubuntu-24-04-cuda-golden-v2"
     await ensure_namespace(env, "vm-images")
     try:
-        await env.kube.create(k.DV, {"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+        await env.admin.create(k.DV, {"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
                                      "metadata": {"name": golden_v2, "namespace": "vm-images"},
                                      "spec": {"source": {"pvc": {"namespace": "vm-images",
                                                                  "name": "ubuntu-24-04-cuda-golden"}},
@@ -916,7 +921,7 @@ async def test_a_reset_installs_the_golden_image_configured_now(env):
         if err.status != 409:
             raise
     async def listed(kind):  # (the caches hold only workstations' objects)
-        found = await env.kube.list(kind, "vm-images", field_selector=f"metadata.name={golden_v2}")
+        found = await env.admin.list(kind, "vm-images", field_selector=f"metadata.name={golden_v2}")
         return next(iter(found.get("items") or []), None)
     for _ in range(300):
         if field_value(await listed(k.DV), "status.phase") == "Succeeded":
