@@ -77,11 +77,11 @@ RAW = re.compile(r"Traceback|File \"|\"kind\":|'kind':|apiVersion|HTTP response|
                  r"Too many requests, please|^(Internal Server Error|Unhandled error|Bad Gateway)\.?$", re.I)
 ACTIONS = {  # weights
     "start": 14, "stop": 8, "stop-service": 3, "write": 10, "snapshot": 8, "delete-snapshot": 3,
-    "restore": 10, "reset": 3, "keepalive": 3, "switch-profile": 3, "delete-named": 2, "purge": 2,
+    "restore": 18, "reset": 3, "keepalive": 3, "switch-profile": 3, "delete-named": 2, "purge": 2,
 }
-# While an operation runs, these weigh more (added to FAULTS); half the restores and resets get one
-# of them at a random moment of their first seconds.
-OPERATION_FAULTS = {"restore-error": 10, "kill-service": 5, "webhooks-down": 3}
+# While an operation runs, these weigh more (added to FAULTS); most restores and half the resets get
+# one of them at a random moment of their first seconds.
+OPERATION_FAULTS = {"restore-error": 14, "kill-service": 3, "webhooks-down": 3}
 FAULTS = {
     "api-500": 3, "api-429": 2, "watch-cut": 3, "kill-hub": 2, "kill-service": 3, "node-loss": 2,
     "clone-stall": 2, "agent-disconnect": 2, "restore-error": 4, "webhooks-down": 2,
@@ -288,7 +288,7 @@ class Soak:
                         self.trace(f"fault {kind}")
                 else:
                     kind = self._pick(ACTIONS)
-                    station = self.rng.choice(self.stations)
+                    station = self._station_for(kind)
                     if self.act(kind, station):
                         self.actions[kind] += 1
                         self.trace(f"{kind} {station.path}: {self.last_answer}")
@@ -312,6 +312,14 @@ class Soak:
 
     def operating(self) -> bool:
         return any(_running_operation(vm) for vm in self.items("/apis/kubevirt.io/v1/virtualmachines"))
+
+    def _station_for(self, kind: str) -> Station:
+        """Anyone, except that a restore or a snapshot's delete goes to a workstation the soak knows
+        snapshots of (when there is one): otherwise most of them would find nothing to act on."""
+        known = [s for s in self.stations if s.snapshots and not s.deleted]
+        if kind == "restore":  # (and mostly one that is not busy already)
+            known = [s for s in known if self._operation_idle(s)] or known
+        return self.rng.choice(known if kind in ("restore", "delete-snapshot") and known else self.stations)
 
     def _pick(self, weights: dict[str, int]) -> str:
         names = sorted(weights)
@@ -375,9 +383,14 @@ class Soak:
             if not snaps:
                 return False
             name = self.rng.choice(snaps)
+            # A cause restores stumble on may be there already (a quota, a VolumeSnapshot going):
+            # a restore of a stopped machine is done within a second or two.
+            if self.rng.random() < 0.6 and self.fault("restore-error", mid_operation=True):
+                self.faults["restore-error"] += 1
+                self.trace("fault restore-error (as a restore is asked for)")
             r = self.service("POST", s.service_path + "/restore", {"snapshot": name, "confirm": True})
             if self.answered(f"restore of {s.path}", r):
-                self._mid_operation()
+                self._mid_operation(0.7)
                 # as before or as in the snapshot (the safety snapshot and the soak's own before it
                 # are not known file by file: anything)
                 root, home = s.snapshots.get(name, ("?", "?"))
@@ -386,7 +399,7 @@ class Soak:
         if kind == "reset":
             if self.answered(f"reset of {s.path}", self.service("POST", s.service_path + "/reset",
                                                                  {"confirm": s.path})):
-                self._mid_operation()
+                self._mid_operation(0.5)
                 s.root = s.root | {None}  # a fresh system disk has no file of the user's
             return True
         if kind == "delete-named":
@@ -405,12 +418,12 @@ class Soak:
             return True
         raise ValueError(kind)
 
-    def _mid_operation(self):
-        if self.rng.random() < 0.5:
+    def _mid_operation(self, chance: float):
+        if self.rng.random() < chance:
             kind = self._pick(OPERATION_FAULTS)
 
             def inject():
-                if self.fault(kind):
+                if self.fault(kind, mid_operation=True):
                     self.faults[kind] += 1
                     self.trace(f"fault {kind} (during an operation)")
             self._after(self.rng.uniform(0, 4), "soon", inject)
@@ -478,7 +491,8 @@ class Soak:
         return op is None or op.state != "running"
 
     # ------------------------------------------------------------ faults
-    def fault(self, kind: str) -> bool:
+    def fault(self, kind: str, mid_operation: bool = False) -> bool:
+        """Inject one fault (its end scheduled); False when that kind cannot happen now."""
         if kind in ("api-500", "api-429"):
             if any(w == "api" for _, w, _ in self.later):
                 return False
@@ -533,8 +547,12 @@ class Soak:
             if any(w == "restores" for _, w, _ in self.later):
                 return False
             self.control("PUT", "/faults/restores", {"error": f"VolumeSnapshot vmsnapshot-{self.step}-disk not ready"})
-            self._after(self.rng.uniform(5, 2 * OPERATION_TIMEOUT), "restores",
-                        lambda: self.control("DELETE", "/faults/restores"))
+            # Some outlast any restore's wait (a quota that refuses the new claim stays until an admin
+            # acts): those aimed at a restore and half the others; the rest clear while a restore may
+            # still finish.
+            lasting = mid_operation or self.rng.random() < 0.5
+            seconds = self.rng.uniform(2, 3) * OPERATION_TIMEOUT if lasting else self.rng.uniform(5, OPERATION_TIMEOUT)
+            self._after(seconds, "restores", lambda: self.control("DELETE", "/faults/restores"))
             return True
         if kind == "webhooks-down":
             if any(w == "webhooks" for _, w, _ in self.later):
@@ -774,10 +792,12 @@ def main() -> int:
     parser.add_argument("--users", type=int, default=4)
     parser.add_argument("--speed", type=float, default=20.0, help="simulator speed factor (default 20)")
     parser.add_argument("--results", help="append the figures to this Markdown file")
+    parser.add_argument("--workdir", help="keep the logs and disks here (default: a new temporary directory)")
     args = parser.parse_args()
     if args.minutes <= 0 or args.users < 1:
         parser.error("--minutes must be above 0 and --users at least 1")
-    workdir = Path(tempfile.mkdtemp(prefix="soak-"))
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="soak-"))
+    workdir.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
     soak = Soak(args.seed, args.minutes, args.users, workdir, args.speed, log=lambda line: print(line, flush=True))
     try:

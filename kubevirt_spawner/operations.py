@@ -48,6 +48,7 @@ class Operation:
     step: int = 0  # index into steps of the step under way
     state: str = "running"  # running | failed | done
     started: str = field(default_factory=lambda: _now())
+    step_began: str = field(default_factory=lambda: _now())  # when the step under way began
     updated: str = ""
     snapshot: str = ""  # restore: the snapshot restored
     safety: str = ""  # the safety snapshot's name
@@ -90,6 +91,14 @@ def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _seconds_since(stamp: str) -> float:
+    try:
+        then = datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    except ValueError:
+        return 0.0  # (a record from before steps had a start: a whole timeout)
+    return (datetime.now(timezone.utc) - then).total_seconds()
+
+
 def _stamp() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
 
@@ -121,6 +130,12 @@ class Operations:
         self.ws, self.server = ws, server
         self.safety_snapshot = safety_snapshot
         self.timeout = timeout
+
+    def _time_left(self, op: Operation) -> float:
+        """A step's timeout runs from when the step began, across restarts of the service: one that
+        keeps being restarted still gives up on a stuck step. What is left is at least long enough
+        for a restarted service to look once (its caches sync first)."""
+        return max(self.timeout - _seconds_since(op.step_began), min(self.timeout, 10.0))
 
     @property
     def operation(self) -> Operation | None:
@@ -168,6 +183,7 @@ class Operations:
                 if step == "start":
                     break
                 op.step += 1
+                op.step_began = _now()
                 await self._save(op)
             self.ws.log.info("%s done (asked by %s)", op.kind, op.by)
             return op
@@ -210,8 +226,8 @@ class Operations:
             op.safety = f"before-{op.kind}-{_stamp()}"
             await self._save(op)  # the name first, so a restarted run finds the snapshot it took
         what = f"restoring {op.snapshot}" if op.kind == "restore" else "a system reset"
-        await self.ws.take_snapshot(op.safety, note=f"taken automatically before {what}", timeout=self.timeout,
-                                    again=True)
+        await self.ws.take_snapshot(op.safety, note=f"taken automatically before {what}",
+                                    timeout=self._time_left(op), again=True)
 
     async def _step_stop(self, op: Operation):
         if await self.server.running():
@@ -223,13 +239,13 @@ class Operations:
         if not op.restore:
             op.restore = f"{self.ws.ident.slug}-restore-{_stamp()}"
             await self._save(op)
-        await self.ws.restore_snapshot(op.snapshot, op.restore, timeout=self.timeout)
+        await self.ws.restore_snapshot(op.snapshot, op.restore, timeout=self._time_left(op))
 
     async def _step_delete_disk(self, op: Operation):
-        await self.ws.delete_root_disk(timeout=self.timeout)
+        await self.ws.delete_root_disk(timeout=self._time_left(op))
 
     async def _step_clone_disk(self, op: Operation):
-        await self.ws.clone_root_disk(timeout=self.timeout)
+        await self.ws.clone_root_disk(timeout=self._time_left(op))
 
     async def _step_start(self, op: Operation):
         if op.was_running:

@@ -9,7 +9,9 @@ import dataclasses
 import logging
 import os
 import re
+import time
 import types
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from jupyterhub.spawner import SpawnException
@@ -881,6 +883,26 @@ async def test_an_interrupted_operation_goes_on_from_its_record(env):
     before = len(ws.snapshots())
     done = await Operations(ws, LocalServer(ws)).run(recorded)
     assert done.state == "done" and len(ws.snapshots()) == before
+
+
+async def test_a_resumed_step_keeps_the_deadline_it_began_with(env):
+    """A service that is restarted again and again (a crash loop, a node drained twice) must still
+    give up on a stuck step: restore.go's errors without Failure are retried without end
+    (pkg/storage/snapshot/restore.go, doUpdateError), so only the hub's deadline ends one. The
+    deadline runs from the step's start as recorded, not from the restart."""
+    ws = await stopped_with_snapshot(env, "rhea")
+    ops = Operations(ws, LocalServer(ws), safety_snapshot=False, timeout=600)
+    op = await ops.begin_restore("clean", by="rhea")
+    op.step = op.steps.index("restore")
+    op.step_began = (datetime.now(timezone.utc) - timedelta(seconds=597)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    await ops._save(op)  # as a service that died 597 s into the restore step left it
+    began = time.monotonic()
+    with restores_fail(env, "VolumeSnapshot vs-y not ready"):
+        with user_error("restore-failed", "not finished within 10 seconds.*cancelled before any disk was replaced"):
+            await asyncio.wait_for(Operations(ws, LocalServer(ws), safety_snapshot=False, timeout=600)
+                                   .run(Operation.from_vm(ws.vm)), 120)
+    assert time.monotonic() - began < 60
+    assert sorted(volumes_of(env, ws.ident.namespace).values()) == [("Bound", "Retain")] * 2
 
 
 async def test_kubevirts_default_restore_would_give_the_disk_to_the_vm(env):
