@@ -890,9 +890,9 @@ async def test_a_resumed_step_keeps_the_deadline_it_began_with(env):
     give up on a stuck step: restore.go's errors without Failure are retried without end
     (pkg/storage/snapshot/restore.go, doUpdateError), so only the hub's deadline ends one. The
     deadline runs from the step's start as recorded, not from the restart."""
-    ws = await stopped_with_snapshot(env, "rhea")
+    ws = await stopped_with_snapshot(env, "rosa")
     ops = Operations(ws, LocalServer(ws), safety_snapshot=False, timeout=600)
-    op = await ops.begin_restore("clean", by="rhea")
+    op = await ops.begin_restore("clean", by="rosa")
     op.step = op.steps.index("restore")
     op.step_began = (datetime.now(timezone.utc) - timedelta(seconds=597)).strftime("%Y-%m-%dT%H:%M:%SZ")
     await ops._save(op)  # as a service that died 597 s into the restore step left it
