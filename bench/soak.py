@@ -51,7 +51,7 @@ sys.path.insert(0, str(BENCH.parent / "tests"))
 from scale import machine  # noqa: E402
 
 from bench_sim import admin_session  # noqa: E402
-from simtools import hub_kubeconfig  # noqa: E402  (the tests' helper: the hub's RBAC, rendered)
+from simtools import descendants, hub_kubeconfig  # noqa: E402  (the tests' helpers: process trees, the hub's RBAC)
 
 OPERATION_TIMEOUT = 20  # seconds a step of a restore or reset may take: short, so timeouts happen
 STOP_TIMEOUT = 10
@@ -91,7 +91,7 @@ HOME_MARKER = "home/soak/marker.txt"  # on the workspace disk (/home: kept by a 
 
 
 class Violation(Exception):
-    pass
+    """An invariant the product broke: stops the soak with the seed and the step."""
 
 
 @dataclass
@@ -283,9 +283,7 @@ class Soak:
                 operating = self.operating()
                 if self.rng.random() < (0.4 if operating else 0.25):
                     kind = self._pick({**FAULTS, **(OPERATION_FAULTS if operating else {})})
-                    if self.fault(kind):
-                        self.faults[kind] += 1
-                        self.trace(f"fault {kind}")
+                    self.inject(kind)
                 else:
                     kind = self._pick(ACTIONS)
                     station = self._station_for(kind)
@@ -370,24 +368,21 @@ class Soak:
                 s.snapshots[name] = files
             return True
         if kind == "delete-snapshot":
-            snaps = self._snapshot_names(s)
-            if not snaps:
+            name = self._some_snapshot(s)
+            if name is None:
                 return False
-            name = self.rng.choice(snaps)
             if self.answered(f"delete of snapshot {name} of {s.path}",
                              self.service("DELETE", s.service_path + f"/snapshots/{name}")):
                 s.snapshots.pop(name, None)
             return True
         if kind == "restore":
-            snaps = self._snapshot_names(s)
-            if not snaps:
+            name = self._some_snapshot(s)
+            if name is None:
                 return False
-            name = self.rng.choice(snaps)
             # A cause restores stumble on may be there already (a quota, a VolumeSnapshot going):
             # a restore of a stopped machine is done within a second or two.
-            if self.rng.random() < 0.6 and self.fault("restore-error", mid_operation=True):
-                self.faults["restore-error"] += 1
-                self.trace("fault restore-error (as a restore is asked for)")
+            if self.rng.random() < 0.6:
+                self.inject("restore-error", "as a restore is asked for")
             r = self.service("POST", s.service_path + "/restore", {"snapshot": name, "confirm": True})
             if self.answered(f"restore of {s.path}", r):
                 self._mid_operation(0.7)
@@ -421,12 +416,7 @@ class Soak:
     def _mid_operation(self, chance: float):
         if self.rng.random() < chance:
             kind = self._pick(OPERATION_FAULTS)
-
-            def inject():
-                if self.fault(kind, mid_operation=True):
-                    self.faults[kind] += 1
-                    self.trace(f"fault {kind} (during an operation)")
-            self._after(self.rng.uniform(0, 4), "soon", inject)
+            self._after(self.rng.uniform(0, 4), "soon", lambda: self.inject(kind, "during an operation"))
 
     def _licence(self, s: Station):
         """A purge deletes this workstation's claims: until the next check has seen them go."""
@@ -436,11 +426,11 @@ class Soak:
         model = self.hub_api("GET", f"/users/{s.user}").json()
         return (model.get("servers") or {}).get(s.server)
 
-    def _snapshot_names(self, s: Station) -> list[str]:
+    def _some_snapshot(self, s: Station) -> str | None:
+        """One of the workstation's ready snapshots, at random (None without one)."""
         r = self.service("GET", s.service_path + "/snapshots")
-        if r.status_code != 200:
-            return []
-        return sorted(x["name"] for x in r.json()["snapshots"] if x.get("ready"))
+        ready = sorted(x["name"] for x in r.json()["snapshots"] if x.get("ready")) if r.status_code == 200 else []
+        return self.rng.choice(ready) if ready else None
 
     # ------------------------------------------------------------ the users' files
     def guest_roots(self) -> dict[tuple[str, str], str]:
@@ -491,6 +481,12 @@ class Soak:
         return op is None or op.state != "running"
 
     # ------------------------------------------------------------ faults
+    def inject(self, kind: str, aimed: str = ""):
+        """A fault, counted and traced when it could happen now; `aimed`: at which operation."""
+        if self.fault(kind, mid_operation=bool(aimed)):
+            self.faults[kind] += 1
+            self.trace(f"fault {kind}" + (f" ({aimed})" if aimed else ""))
+
     def fault(self, kind: str, mid_operation: bool = False) -> bool:
         """Inject one fault (its end scheduled); False when that kind cannot happen now."""
         if kind in ("api-500", "api-429"):
@@ -768,21 +764,6 @@ def _operation_updated(vm: dict) -> float:
 def _running_operation(vm: dict) -> bool:
     op = Operation.from_vm(vm)
     return op is not None and op.state == "running"
-
-
-def descendants(pid: int) -> list[int]:
-    """The processes `pid` started, and theirs, wherever their sessions are (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 def main() -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import shutil
 import subprocess
@@ -136,3 +137,19 @@ def hub_kubeconfig(sim, path, objects: list[dict] | None = None, hub_namespace: 
     for obj in hub_rbac_objects(hub_namespace) if objects is None else objects:
         apply(sim, obj)
     return service_account_kubeconfig(sim, hub_namespace, HUB_SERVICE_ACCOUNT, path)
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes `pid` started, and theirs, wherever their sessions are (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            # after the command, which is in parentheses and may hold anything: state, ppid, ...
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found

@@ -22,7 +22,7 @@ from tornado.websocket import websocket_connect
 
 from kubevirt_spawner import demo
 
-from simtools import api_client, hub_kubeconfig, sim_api, start_sim
+from simtools import api_client, descendants, hub_kubeconfig, sim_api, start_sim
 
 GOLDEN_BUILD = Path(__file__).resolve().parents[2] / "deploy" / "golden-image" / "build.sh"
 
@@ -46,22 +46,6 @@ E2E_SPEED = 20.0
 # The demo gives every machine a workspace disk; the hub tests that count a machine's disks use a
 # hub config without one (also a supported setup: /home on the system disk).
 ROOT_DISK_ONLY = 'c.KubeVirtSpawner.workspace_disk_size = ""\n'
-
-
-def descendants(pid: int) -> list[int]:
-    """The processes `pid` started, and theirs, wherever their sessions are (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            # after the command, which is in parentheses and may hold anything: state, ppid, ...
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 class Hub:
