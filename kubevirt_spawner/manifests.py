@@ -27,6 +27,10 @@ ANNOTATION_SERVERNAME = LABEL_PREFIX + "servername"
 ANNOTATION_PROFILE = LABEL_PREFIX + "profile"
 ANNOTATION_PROFILE_VERSION = LABEL_PREFIX + "profile-version"
 ANNOTATION_RETAIN_UNTIL = LABEL_PREFIX + "retain-until"
+# When the JupyterHub account was made: an account deleted and made again under the same name may
+# be another person, so its kept disks need an administrator's word (ANNOTATION_CONFIRMED_FOR).
+ANNOTATION_USER_CREATED = LABEL_PREFIX + "user-created"
+ANNOTATION_CONFIRMED_FOR = LABEL_PREFIX + "confirmed-for-user-created"
 
 JUPYTER_PORT = 8888
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -46,13 +50,14 @@ class Identity:
     workspace: str
     secret: str
     service: str
+    user_created: str = ""  # the account's creation time (JupyterHub's user.created), when known
 
     def to_state(self) -> dict:
         return dict(self.__dict__)
 
     @classmethod
     def from_state(cls, state: dict) -> "Identity":
-        return cls(**{k: state[k] for k in cls.__dataclass_fields__})
+        return cls(**{k: state[k] for k in cls.__dataclass_fields__ if k in state})  # (older states lack user_created)
 
 
 @dataclass(frozen=True)
@@ -107,7 +112,18 @@ def identity_annotations(ident: Identity, spec: MachineSpec | None = None) -> di
     out[ANNOTATION_USERNAME] = ident.user
     if ident.server:
         out[ANNOTATION_SERVERNAME] = ident.server
+    if ident.user_created:
+        out[ANNOTATION_USER_CREATED] = ident.user_created
     return out
+
+
+def belongs_to(obj: dict | None, user: str, server: str) -> bool:
+    """Whether `obj` is the workstation of `user`'s server `server` by the raw names it carries. Its
+    name and slug labels are not enough: a slug is a hash, which a chosen user name can make collide."""
+    if obj is None:
+        return False
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    return annotations.get(ANNOTATION_USERNAME) == user and annotations.get(ANNOTATION_SERVERNAME, "") == server
 
 
 def _meta(ident: Identity, name: str, component: str, spec: MachineSpec | None = None, **extra) -> dict:
@@ -338,6 +354,10 @@ def reclaim_patch(policy: str) -> dict:
     return {"spec": {"persistentVolumeReclaimPolicy": policy}}
 
 
-def unretained_patch() -> dict:
-    """Merge patch that removes the retained marks from a disk that is in use again."""
-    return {"metadata": {"labels": {LABEL_RETAINED: None}, "annotations": {ANNOTATION_RETAIN_UNTIL: None}}}
+def unretained_patch(user_created: str = "") -> dict:
+    """Merge patch that removes the retained marks from a disk that is in use again, by the account
+    made at `user_created` from now on."""
+    annotations = {ANNOTATION_RETAIN_UNTIL: None, ANNOTATION_CONFIRMED_FOR: None}
+    if user_created:
+        annotations[ANNOTATION_USER_CREATED] = user_created
+    return {"metadata": {"labels": {LABEL_RETAINED: None}, "annotations": annotations}}

@@ -4,11 +4,15 @@ A name that is already a safe slug stays as it is. Anything else becomes a sanit
 and a hash of the raw name. Safe slugs never contain `--`, so:
 - a slug with `---` is always a hashed one (no raw name can produce it unchanged);
 - `user--server` joins two slugs unambiguously (a run of exactly two dashes is the separator).
-Different raw names therefore never give the same slug (short of a hash collision).
+Different raw names therefore never give the same slug short of a hash collision, and the hash
+(80 bits of SHA-256 in base32) makes finding one a computation nobody can afford; the spawner and
+the service also act on an object only when its raw-name annotations match (`manifests.belongs_to`).
+Workstations made with the earlier 32-bit hash keep their names: they are found by those annotations.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import re
 
@@ -18,7 +22,7 @@ _SAFE = re.compile(r"^[a-z](?:[a-z0-9]|-(?!-))*(?<!-)$")
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
-HASH_LENGTH = 8
+HASH_LENGTH = 16  # base32 characters: 80 bits
 USER_SLUG_MAX = 30
 SERVER_SLUG_MAX = 20
 WORKSTATION_SLUG_MAX = 40
@@ -26,7 +30,8 @@ WORKSTATION_SLUG_MAX = 40
 
 def _hash(*parts: str) -> str:
     # \x00 cannot occur in a user or server name, so ("a", "b") and ("a\x00b",) hash differently.
-    return hashlib.sha256("\x00".join(parts).encode("utf-8")).hexdigest()[:HASH_LENGTH]
+    digest = hashlib.sha256("\x00".join(parts).encode("utf-8")).digest()
+    return base64.b32encode(digest).decode("ascii").lower()[:HASH_LENGTH]
 
 
 def _stem(raw: str, max_length: int) -> str:
@@ -94,7 +99,7 @@ DEFAULT_TEMPLATES = {
 
 
 def identity(user: str, server: str = "", templates: dict[str, str] | None = None,
-             settings: dict[str, str] | None = None):
+             settings: dict[str, str] | None = None, user_created: str = ""):
     """The names of a new workstation's objects from the name templates ({user}, {server},
     {user_server}). `settings` maps each template to its configuration key, for error messages."""
     from .manifests import Identity  # names are the lower layer; Identity is only a record of them
@@ -106,4 +111,4 @@ def identity(user: str, server: str = "", templates: dict[str, str] | None = Non
     fields = {"user": user_slug, "server": server_slug, "user_server": slug}
     rendered = {key: render(t, (settings or {}).get(key, key), service=key == "service", **fields) for key, t in templates.items()}
     return Identity(user=user, server=server or "", slug=slug, user_slug=user_slug, server_slug=server_slug,
-                    **rendered)
+                    user_created=user_created, **rendered)

@@ -5,6 +5,8 @@ Configuration (traitlets) and the JupyterHub hooks only; the lifecycle lives in 
 
 from __future__ import annotations
 
+import dataclasses
+
 import re
 from datetime import datetime, timezone
 
@@ -288,32 +290,51 @@ class KubeVirtSpawner(Spawner):
                 "rootdisk": self.rootdisk_name_template, "workspace": self.workspace_name_template,
                 "secret": self.secret_name_template, "service": self.service_name_template}
 
+    def _user_created(self) -> str:
+        """When the hub made this account (the service's stand-in users have no such record)."""
+        created = getattr(self.user, "created", None)
+        return created.isoformat() if created is not None else ""
+
     def _template_identity(self) -> m.Identity:
-        return names.identity(self.user.name, self.name or "", self._templates(), TEMPLATE_SETTINGS)
+        return names.identity(self.user.name, self.name or "", self._templates(), TEMPLATE_SETTINGS,
+                              user_created=self._user_created())
 
     def _found_identity(self, caches: Caches) -> m.Identity | None:
-        """The workstation's names as they are in the cluster (after a restart that lost the state)."""
+        """The workstation's names as they are in the cluster (after a restart that lost the state,
+        or for kept disks after the server was deleted): found by the raw names, never by a slug.
+        The slug found names what the machine does not (a workspace disk made later); names made
+        with another hash (an older version's) stay."""
+        user, server = self.user.name, self.name or ""
         for vm in caches.vms.values():
-            ann = vm["metadata"].get("annotations") or {}
-            if ann.get(m.ANNOTATION_USERNAME) != self.user.name or ann.get(m.ANNOTATION_SERVERNAME, "") != self.name:
+            if not m.belongs_to(vm, user, server):
                 continue
-            labels = vm["metadata"].get("labels") or {}
-            ns = vm["metadata"]["namespace"]
+            ident = self._identity_from(vm)
             volumes = {v["name"]: v for v in vm["spec"]["template"]["spec"].get("volumes") or []}
             claims = {name: field_value(v, "persistentVolumeClaim.claimName") for name, v in volumes.items()}
-            template = self._template_identity()
             service = next((s["metadata"]["name"] for s in caches.services.values()
-                            if s["metadata"]["namespace"] == ns
-                            and (s["metadata"].get("labels") or {}).get(m.LABEL_WORKSTATION) == labels.get(
-                                m.LABEL_WORKSTATION)), template.service)
-            return m.Identity(user=self.user.name, server=self.name or "", slug=labels[m.LABEL_WORKSTATION],
-                              user_slug=labels.get(m.LABEL_USER, template.user_slug),
-                              server_slug=labels.get(m.LABEL_SERVER, ""), namespace=ns, vm=vm["metadata"]["name"],
-                              rootdisk=claims.get("rootdisk") or template.rootdisk,
-                              workspace=claims.get("workspace") or template.workspace,
-                              secret=(volumes.get(m.ENV_DISK_SERIAL) or {}).get("secret", {}).get("secretName")
-                              or template.secret, service=service)
+                            if s["metadata"]["namespace"] == ident.namespace and m.belongs_to(s, user, server)
+                            and (s["metadata"].get("labels") or {}).get(m.LABEL_WORKSTATION) == ident.slug),
+                           ident.service)
+            return dataclasses.replace(
+                ident, vm=vm["metadata"]["name"], rootdisk=claims.get("rootdisk") or ident.rootdisk,
+                workspace=claims.get("workspace") or ident.workspace,
+                secret=(volumes.get(m.ENV_DISK_SERIAL) or {}).get("secret", {}).get("secretName") or ident.secret,
+                service=service)
+        for dv in caches.dvs.values():  # no machine: a kept system disk
+            if m.belongs_to(dv, user, server) and (dv["metadata"].get("labels") or {}).get(m.LABEL_COMPONENT) == "rootdisk":
+                return dataclasses.replace(self._identity_from(dv), rootdisk=dv["metadata"]["name"])
         return None
+
+    def _identity_from(self, obj: dict) -> m.Identity:
+        """The names the templates give with the slugs `obj` is labelled with, in its namespace."""
+        template = self._template_identity()
+        labels = obj["metadata"].get("labels") or {}
+        fields = {"user": labels.get(m.LABEL_USER, template.user_slug), "server": labels.get(m.LABEL_SERVER, ""),
+                  "user_server": labels.get(m.LABEL_WORKSTATION, template.slug)}
+        named = {key: names.render(t, TEMPLATE_SETTINGS.get(key, key), service=key == "service", **fields)
+                 for key, t in self._templates().items()}
+        return dataclasses.replace(template, slug=fields["user_server"], user_slug=fields["user"],
+                                   server_slug=fields["server"], **{**named, "namespace": obj["metadata"]["namespace"]})
 
     async def _workstation(self, profile: dict | None = None, for_start: bool = False) -> Workstation:
         """For a start, a workstation with the spec from the current settings and profile (hooks may

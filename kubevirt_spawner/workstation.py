@@ -51,6 +51,13 @@ class WorkstationError(SpawnException):
         self.jupyterhub_message = message
 
 
+def name_taken(obj: dict) -> WorkstationError:
+    return WorkstationError(
+        f"{obj.get('kind') or 'An object'} {obj['metadata'].get('namespace')}/{obj['metadata']['name']} already exists "
+        f"and is not this workstation's, so nothing was done; ask your administrator to rename or remove it.",
+        reason="name-taken", status_code=409)
+
+
 class WorkstationLog(logging.LoggerAdapter):
     """The hub's log format has no field for the workstation, so every line starts with it."""
 
@@ -151,25 +158,46 @@ class Workstation:
         self._namespace_made_at: float | None = None  # (monotonic) when this start made the namespace
 
     # ------------------------------------------------------------ cached views
+    # Only what carries this workstation's raw user and server names: an object under its names
+    # that carries others is another workstation's (a forced slug collision), which the hub neither
+    # shows nor touches (`_refuse_foreign`).
+    def _mine(self, obj: dict | None) -> dict | None:
+        return obj if m.belongs_to(obj, self.ident.user, self.ident.server) else None
+
     @property
     def vm(self) -> dict | None:
-        return self.caches.vms.get(self.ident.namespace, self.ident.vm)
+        return self._mine(self.caches.vms.get(self.ident.namespace, self.ident.vm))
 
     @property
     def vmi(self) -> dict | None:
-        return self.caches.vmis.get(self.ident.namespace, self.ident.vm)
+        return self._mine(self.caches.vmis.get(self.ident.namespace, self.ident.vm))
 
     @property
     def rootdisk(self) -> dict | None:
-        return self.caches.dvs.get(self.ident.namespace, self.ident.rootdisk)
+        return self._mine(self.caches.dvs.get(self.ident.namespace, self.ident.rootdisk))
 
     @property
     def rootdisk_pvc(self) -> dict | None:
-        return self.caches.pvcs.get(self.ident.namespace, self.ident.rootdisk)
+        return self._mine(self.caches.pvcs.get(self.ident.namespace, self.ident.rootdisk))
 
     @property
     def service(self) -> dict | None:
-        return self.caches.services.get(self.ident.namespace, self.ident.service)
+        return self._mine(self.caches.services.get(self.ident.namespace, self.ident.service))
+
+    def _refuse_foreign(self):
+        """Before any action: no object under this workstation's names may be another's."""
+        ident = self.ident
+        named = ((self.caches.vms, ident.vm), (self.caches.vmis, ident.vm), (self.caches.dvs, ident.rootdisk),
+                 (self.caches.pvcs, ident.rootdisk), (self.caches.dvs, ident.workspace),
+                 (self.caches.pvcs, ident.workspace), (self.caches.services, ident.service))
+        for cache, name in named:
+            obj = cache.get(ident.namespace, name)
+            if obj is not None and self._mine(obj) is None:
+                theirs = obj["metadata"].get("annotations") or {}
+                self.log.warning("%s %s/%s belongs to another workstation (user %r, server %r): nothing done",
+                                 obj.get("kind") or "object", ident.namespace, name,
+                                 theirs.get(m.ANNOTATION_USERNAME), theirs.get(m.ANNOTATION_SERVERNAME, ""))
+                raise name_taken(obj)
 
     def status(self) -> str:
         """running | starting | stopped | failed | lost (a VMI on a node that stopped answering)."""
@@ -215,6 +243,7 @@ class Workstation:
         deadline = time.monotonic() + self.settings.start_timeout
         with refusals_explained(self.log, "start"):
             await wait_synced(self.caches, self.log, self.settings.start_timeout)
+            self._refuse_foreign()  # (before the `try`: its failure path stops the machine by name)
             try:
                 self._refuse_double_attach()
                 report(1, "Preparing your workstation")
@@ -308,21 +337,43 @@ class Workstation:
             await self._ensure(k.SERVICE, m.service(ident, spec), self.caches.services)
 
     async def _unretire(self):
-        """A user who comes back before the retention ends gets their kept disks back."""
+        """A user who comes back before the retention ends gets their kept disks back. An account
+        made again under the same name (another creation time, or none recorded) may be another
+        person: it gets them only once an administrator has confirmed it, by setting
+        ANNOTATION_CONFIRMED_FOR on each disk to the new account's creation time."""
+        kept = []
         for cache, kind in ((self.caches.dvs, k.DV), (self.caches.pvcs, k.PVC)):
             for name in (self.ident.rootdisk, self.ident.workspace):
-                obj = cache.get(self.ident.namespace, name)
+                obj = self._mine(cache.get(self.ident.namespace, name))
                 if obj is not None and m.LABEL_RETAINED in (obj["metadata"].get("labels") or {}):
-                    await self.kube.patch(kind, self.ident.namespace, name, m.unretained_patch())
-                    self.log.info("%s %s is in use again: no longer marked as retained", kind.kind, name)
+                    kept.append((kind, obj))
+        for kind, obj in kept:  # all checked before any is taken back
+            self._refuse_earlier_accounts(kind, obj)
+        for kind, obj in kept:
+            await self.kube.patch(kind, self.ident.namespace, obj["metadata"]["name"],
+                                  m.unretained_patch(self.ident.user_created))
+            self.log.info("%s %s is in use again: no longer marked as retained", kind.kind, obj["metadata"]["name"])
+
+    def _refuse_earlier_accounts(self, kind: k.Kind, disk: dict):
+        created = self.ident.user_created
+        annotations = disk["metadata"].get("annotations") or {}
+        if not created or created in (annotations.get(m.ANNOTATION_USER_CREATED),
+                                      annotations.get(m.ANNOTATION_CONFIRMED_FOR)):
+            return
+        name = f"{self.ident.namespace}/{disk['metadata']['name']}"
+        self.log.warning("%s %s was kept from an account %r made at %s, not this one (made at %s): an "
+                         "administrator confirms it is theirs with: kubectl annotate -n %s %s %s %s=%s",
+                         kind.kind, name, self.ident.user, annotations.get(m.ANNOTATION_USER_CREATED, "an unknown time"),
+                         created, self.ident.namespace, kind.plural, disk["metadata"]["name"],
+                         m.ANNOTATION_CONFIRMED_FOR, created)
+        raise WorkstationError(
+            f"Disks kept from an earlier account named {self.ident.user} wait in {self.ident.namespace}, and your "
+            f"workstation may use them only once your administrator confirms they are yours (the hub's log says how).",
+            reason="kept-for-earlier-account", status_code=409)
 
     def _check_owner(self, obj: dict):
-        owner = (obj["metadata"].get("labels") or {}).get(m.LABEL_WORKSTATION)
-        if owner != self.ident.slug:
-            raise WorkstationError(
-                f"{obj.get('kind', 'An object')} {obj['metadata']['namespace']}/{obj['metadata']['name']} already "
-                f"exists and does not belong to this workstation; ask your administrator to rename or remove it.",
-                reason="name-taken", status_code=409)
+        if self._mine(obj) is None:
+            raise name_taken(obj)
 
     async def _ensure_namespace(self) -> k.KubeError | None:
         """Create the namespace when missing. A hub may be allowed to use namespaces made for it but
@@ -507,6 +558,7 @@ class Workstation:
     async def _stop(self, now: bool):
         with refusals_explained(self.log, "stop"):
             await wait_synced(self.caches, self.log, self.settings.stop_timeout)
+            self._refuse_foreign()
             # Always ask: the cache may not show a VM we have just created (a stop after a failed start).
             await self._stop_call(now)
             await self._wait_stopped()
@@ -542,6 +594,7 @@ class Workstation:
         is Always when its guest powers off or crashes, or when a lost node is fenced)."""
         with refusals_explained(self.log, "stop"):
             await wait_synced(self.caches, self.log, self.settings.stop_timeout)
+            self._refuse_foreign()
             if self.vm is not None and field_value(self.vm, "spec.runStrategy") not in (None, "Halted"):
                 self.log.info("%s ended on its own (%s): setting it to Halted", self.ident.vm, self.status())
                 await self._stop_call(now=False)
@@ -566,7 +619,7 @@ class Workstation:
             raise err
 
     def _own(self, obj: dict) -> bool:
-        return (obj["metadata"].get("labels") or {}).get(m.LABEL_WORKSTATION) == self.ident.slug
+        return self._mine(obj) is not None
 
     def snapshots(self) -> list[dict]:
         """This workstation's snapshots as its user sees them, oldest first."""
@@ -593,6 +646,7 @@ class Workstation:
         already is the one asked for (an operation picking up where it was interrupted)."""
         with refusals_explained(self.log, "take a snapshot"):
             await wait_synced(self.caches, self.log, timeout)
+            self._refuse_foreign()
             self._need(self.caches.snapshots)
             try:
                 obj = m.virtual_machine_snapshot(self.ident, name, note)
@@ -680,6 +734,7 @@ class Workstation:
         interrupted operation follows the one it made). Returns the finished restore."""
         with refusals_explained(self.log, "be restored"):
             await wait_synced(self.caches, self.log, timeout)
+            self._refuse_foreign()
             snap = self.snapshot_for_restore(name)
             if self.status() != "stopped":
                 raise WorkstationError("Your workstation must be stopped to be restored; stop it first.",
@@ -837,6 +892,7 @@ class Workstation:
         gone. Only a system reset does this; the workspace disk is never touched."""
         with refusals_explained(self.log, "delete its system disk"):
             await wait_synced(self.caches, self.log, timeout)
+            self._refuse_foreign()
             if self.attached_elsewhere() or self.status() != "stopped":
                 raise WorkstationError("Your workstation must be stopped before its system disk is replaced.",
                                        reason="running", status_code=409)
@@ -858,6 +914,7 @@ class Workstation:
         """A new system disk cloned from the golden image of the current settings (a reset), once
         cloned; the machine boots from it at its next start."""
         with refusals_explained(self.log, "get a new system disk"):
+            self._refuse_foreign()
             await self._ensure(k.DV, m.root_datavolume(self.ident, self.spec), self.caches.dvs)
             self.log.info("cloning a new system disk from %s", self.spec.golden_image)
 
@@ -875,6 +932,7 @@ class Workstation:
     async def delete_snapshot(self, name: str):
         with refusals_explained(self.log, "delete a snapshot"):
             await wait_synced(self.caches, self.log, self.settings.stop_timeout)
+            self._refuse_foreign()
             self._need(self.caches.snapshots)
             snap = self._snapshot(name)
             if snap is None or not await self.kube.delete(SNAPSHOT, self.ident.namespace, snap["object"]):
@@ -887,6 +945,12 @@ class Workstation:
                 self.log.warning("snapshot %s deleted, but the hub's cache has not seen it yet", name)
             self.log.info("snapshot %s deleted", name)
 
+    def disks_and_snapshots(self) -> list[tuple[k.Kind, dict]]:
+        """This workstation's DataVolumes, PVCs and snapshots as the caches have them."""
+        return [(kind, obj) for kind, cache in ((k.DV, self.caches.dvs), (k.PVC, self.caches.pvcs),
+                                                (SNAPSHOT, self.caches.snapshots))
+                for obj in cache.values() if obj["metadata"]["namespace"] == self.ident.namespace and self._mine(obj)]
+
     # ------------------------------------------------------------ retire
     async def retire(self) -> list[str]:
         """Delete the VM, Service and Secret; keep every disk and snapshot, marked as retained
@@ -897,6 +961,7 @@ class Workstation:
     async def _retire(self) -> list[str]:
         ident = self.ident
         await wait_synced(self.caches, self.log, self.settings.stop_timeout)
+        self._refuse_foreign()
         await self.stop(now=True)
         until = (datetime.now(timezone.utc) + timedelta(days=self.settings.retention_days)).strftime(
             "%Y-%m-%dT%H:%M:%SZ")
@@ -911,6 +976,8 @@ class Workstation:
                     continue  # snapshots not installed on this cluster
                 raise
             for obj in listing.get("items") or []:
+                if self._mine(obj) is None:
+                    continue  # the slug is only a hash: another workstation's under a colliding one
                 await self.kube.patch(kind, ident.namespace, obj["metadata"]["name"], patch)
                 kept.append(f"{kind.kind}/{obj['metadata']['name']}")
         for kind, name in ((k.VM, ident.vm), (k.SERVICE, ident.service), (k.SECRET, ident.secret)):

@@ -58,3 +58,12 @@ def test_a_bad_template_names_the_setting():
                      user_server="a")
     with pytest.raises(ValueError, match="63 characters"):
         names.render("{user}-" + "z" * 70, "t", user="a", server="", user_server="a")
+
+
+def test_a_hashed_slug_carries_80_bits():
+    """Issue 30, item 2: a 32-bit hash is hours of one CPU to collide; 80 bits is beyond anyone."""
+    for raw in ("Alice", "a@b.com", "x" * 200):
+        stem, digest = names.safe_slug(raw).split("---")
+        assert len(digest) * 5 >= 80 and set(digest) <= set("abcdefghijklmnopqrstuvwxyz234567")
+    stem, digest = names.workstation_slug("Alice Smith", "a server name far too long to join").split("---")
+    assert len(digest) * 5 >= 80

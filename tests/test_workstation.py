@@ -382,14 +382,14 @@ async def test_csi_clones_are_not_queued_by_default(env):
 async def test_an_object_of_someone_else_is_never_adopted(env):
     """The hub never GETs single objects: an object that exists is looked for in the caches (which
     see everything with this project's label) and else listed by name; it must carry this
-    workstation's label."""
+    workstation's raw user and server names."""
     ident = names.identity("zoe")
     await ensure_namespace(env, ident.namespace)
     await env.admin.create(k.SERVICE, {"metadata": {"name": ident.service, "namespace": ident.namespace},
                                       "spec": {"ports": [{"port": 80}]}})
     ws = workstation(env, "zoe")
-    with user_error("name-taken", f"Service {ident.namespace}/{ident.service} already exists and does not belong "
-                                  "to this workstation"):
+    with user_error("name-taken", f"Service {ident.namespace}/{ident.service} already exists and is not this "
+                                  "workstation's, so nothing was done"):
         await ws.start({}, [])
 
 
@@ -413,7 +413,7 @@ async def test_retire_deletes_the_machine_and_keeps_disks_and_snapshots(env):
     await ws.stop()
     snap = {"apiVersion": "snapshot.kubevirt.io/v1beta1", "kind": "VirtualMachineSnapshot",
             "metadata": {"name": "ivy-before-upgrade", "namespace": ws.ident.namespace,
-                         "labels": m.labels(ws.ident, "snapshot")},
+                         "labels": m.labels(ws.ident, "snapshot"), "annotations": m.identity_annotations(ws.ident)},
             "spec": {"source": {"apiGroup": "kubevirt.io", "kind": "VirtualMachine", "name": ws.ident.vm}}}
     await env.admin.create(SNAPSHOT, snap)
     before = counts(env.sim)
@@ -1039,3 +1039,137 @@ async def test_a_namespace_made_just_now_may_be_not_found_for_a_moment(env, monk
     with pytest.raises(k.KubeError):
         await again.start({"JUPYTERHUB_API_TOKEN": "t2"}, [])
     assert refused == ["NetworkPolicy"]
+
+
+def _colliding_names(victim: str) -> str:
+    """A user name other than `victim` whose slug is the same (found by search: only possible
+    with a hash made short for the test)."""
+    wanted = names.safe_slug(victim)
+    for dots in range(2, 20000):
+        other = victim.replace(".", "." * dots)
+        if names.safe_slug(other) == wanted:
+            return other
+    raise AssertionError("no collision found")
+
+
+async def test_a_forced_slug_collision_gives_the_second_account_nothing_of_the_first(env, monkeypatch):
+    """Issue 30, item 2. A name that is not a safe slug is named by a hash of it; with the hash cut
+    to 10 bits, a second account whose name gives the same slug is found in seconds. Its
+    workstation is refused with a sentence for every action, and nothing of the first account's
+    changes: no write reaches the cluster. (Before the fix, ownership was the slug label: the
+    second account's start replaced the first's Secret and VM template and booted its disks.)"""
+    from kubevirt_spawner.workstation import SNAPSHOT
+    monkeypatch.setattr(names, "HASH_LENGTH", 2)
+    victim, attacker = "Vera.Victim", _colliding_names("Vera.Victim")
+    assert attacker != victim and names.identity(attacker) == dataclasses.replace(names.identity(victim),
+                                                                                  user=attacker)
+    first = workstation(env, victim)
+    await first.start({"JUPYTERHUB_API_TOKEN": "victim-token"}, [])
+    await first.take_snapshot("mine")
+    ns = first.ident.namespace
+    theirs = [(k.VM, first.ident.vm), (k.DV, first.ident.rootdisk), (k.PVC, first.ident.rootdisk),
+              (k.SECRET, first.ident.secret), (k.SERVICE, first.ident.service),
+              (SNAPSHOT, m.snapshot_object_name(first.ident, "mine"))]
+    versions = {(kind.kind, name): (await env.admin.get(kind, ns, name))["metadata"]["resourceVersion"]
+                for kind, name in theirs}
+
+    second = workstation(env, attacker)
+    assert second.vm is None and second.vmi is None and second.service is None and second.rootdisk is None
+    assert second.status() == "stopped" and second.snapshots() == [] and second.disks_and_snapshots() == []
+    assert len(first.disks_and_snapshots()) == 3  # (what an administrator's purge of the second would take)
+    before = counts(env.sim)
+    refused = f"already exists and is not this workstation's, so nothing was done"
+    with user_error("name-taken", refused):
+        await second.start({"JUPYTERHUB_API_TOKEN": "attacker-token"}, [])
+    for action in (lambda: second.stop(now=True), lambda: second.take_snapshot("x"),
+                   lambda: second.restore_snapshot("mine", "r1"), second.delete_root_disk,
+                   second.clone_root_disk, lambda: second.delete_snapshot("mine"), second.retire,
+                   second.ensure_halted):
+        with user_error("name-taken", refused):
+            await action()
+    assert writes(diff(before, counts(env.sim))) == {}
+    assert {(kind.kind, name): (await env.admin.get(kind, ns, name))["metadata"]["resourceVersion"]
+            for kind, name in theirs} == versions
+    assert first.status() == "running" and [s["name"] for s in first.snapshots()] == ["mine"]
+    await first.stop()
+
+    # With the real hash (80 bits), the two names have slugs of their own.
+    monkeypatch.setattr(names, "HASH_LENGTH", 16)
+    assert names.safe_slug(victim) != names.safe_slug(attacker)
+
+
+async def test_kept_disks_go_back_to_an_account_made_again_only_when_an_administrator_confirms(env):
+    """Issue 30, item 2. A deleted user's disks are kept (retire); an account made later under the
+    same name may be someone else, so its start is refused with a sentence until an administrator
+    marks the disks as its own (ANNOTATION_CONFIRMED_FOR = the new account's creation time). The
+    same account (its server deleted and made again) gets them back at once."""
+    made = "2026-01-05T10:00:00"
+    ws = Workstation(env.kube, env.caches, names.identity("kim", user_created=made), m.MachineSpec(),
+                     Settings(url_mode="cluster-ip"), LOG)
+    await ws.start({}, [])
+    await ws.retire()
+    await env.caches.wait_for(lambda: ws.vm is None, 10)
+    dv = await env.admin.get(k.DV, ws.ident.namespace, ws.ident.rootdisk)
+    assert dv["metadata"]["annotations"][m.ANNOTATION_USER_CREATED] == made
+
+    later = "2026-11-30T08:00:00"
+    newcomer = Workstation(env.kube, env.caches, names.identity("kim", user_created=later), m.MachineSpec(),
+                           Settings(url_mode="cluster-ip"), LOG)
+    before = counts(env.sim)
+    with user_error("kept-for-earlier-account", "Disks kept from an earlier account named kim wait in notebook-kim"):
+        await newcomer.start({}, [])
+    assert not {key for key in writes(diff(before, counts(env.sim)))
+                if key.split()[1] in ("datavolumes", "persistentvolumeclaims", "virtualmachines", "secrets")}
+    for kind in (k.DV, k.PVC):
+        assert m.LABEL_RETAINED in (await env.admin.get(kind, ws.ident.namespace, ws.ident.rootdisk))["metadata"]["labels"]
+
+    for kind in (k.DV, k.PVC):  # the administrator confirms
+        await env.admin.patch(kind, ws.ident.namespace, ws.ident.rootdisk,
+                              {"metadata": {"annotations": {m.ANNOTATION_CONFIRMED_FOR: later}}})
+    await env.caches.wait_for(lambda: (newcomer.rootdisk_pvc["metadata"]["annotations"] or {}).get(
+        m.ANNOTATION_CONFIRMED_FOR) == later, 10)
+    await newcomer.start({}, [])
+    dv = await env.admin.get(k.DV, ws.ident.namespace, ws.ident.rootdisk)
+    assert m.LABEL_RETAINED not in dv["metadata"]["labels"]
+    assert dv["metadata"]["annotations"][m.ANNOTATION_USER_CREATED] == later
+    assert m.ANNOTATION_CONFIRMED_FOR not in dv["metadata"]["annotations"]
+    await newcomer.retire()
+
+    # The same account comes back: no confirmation needed.
+    await env.caches.wait_for(lambda: newcomer.vm is None, 10)
+    again = Workstation(env.kube, env.caches, names.identity("kim", user_created=later), m.MachineSpec(),
+                        Settings(url_mode="cluster-ip"), LOG)
+    await again.start({}, [])
+    await again.stop()
+
+
+async def test_workstations_named_with_the_short_hash_keep_their_names(env, wsim, monkeypatch):
+    """Issue 30, item 2. Workstations made before the hash grew to 80 bits (8 hex digits) keep their
+    names: a hub that lost its state finds them by their raw-name annotations, the machine first,
+    and after the server was deleted, its kept system disk."""
+    import hashlib
+    with monkeypatch.context() as old:
+        old.setattr(names, "HASH_LENGTH", 8)
+        old.setattr(names, "_hash", lambda *parts: hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:8])
+        ws = workstation(env, "Olga.Old")
+    assert ws.ident.slug != names.workstation_slug("Olga.Old") and len(ws.ident.slug.split("---")[1]) == 8
+    await ws.start({}, [])
+    await ws.stop()
+    c = Config()
+    c.KubeVirtSpawner.kubeconfig = wsim.kubeconfig
+    await forget_shared()
+    try:
+        spawner = KubeVirtSpawner(config=c, user=types.SimpleNamespace(name="Olga.Old", url="/user/Olga.Old/"))
+        assert await spawner.poll() == 0
+        assert spawner.get_state()["workstation"] == ws.ident.to_state()
+
+        await ws.retire()
+        hub_caches = spawner_module._shared[next(iter(spawner_module._shared))]["caches"]
+        await hub_caches.wait_for(lambda: hub_caches.vms.get(ws.ident.namespace, ws.ident.vm) is None, 10)
+        later = KubeVirtSpawner(config=c, user=types.SimpleNamespace(name="Olga.Old", url="/user/Olga.Old/"))
+        found = await later.workstation()
+        assert found.ident == ws.ident
+    finally:
+        for shared in spawner_module._shared.values():
+            shared["caches"].stop()
+        await forget_shared()

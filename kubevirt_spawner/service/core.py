@@ -610,12 +610,8 @@ class Workstations(LoggingConfigurable):
         if ws.vm is not None:
             raise ServiceError(409, f"{workstation_path(user, server)} still has its workstation; only the disks of a "
                                     "deleted workstation are purged.")
-        caches, ns, slug = ws.caches, ws.ident.namespace, ws.ident.slug
-        kept = [(kind, obj) for kind, cache in ((k.DV, caches.dvs), (k.PVC, caches.pvcs),
-                                                (k.SNAPSHOT, caches.snapshots))
-                for obj in cache.values()
-                if obj["metadata"]["namespace"] == ns
-                and (obj["metadata"].get("labels") or {}).get(m.LABEL_WORKSTATION) == slug]
+        ns = ws.ident.namespace
+        kept = ws.disks_and_snapshots()
         if not kept:
             raise ServiceError(404, f"{workstation_path(user, server)} has no retained disks.")
         now = _iso(_now())

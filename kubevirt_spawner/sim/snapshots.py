@@ -215,8 +215,10 @@ class Snapshots:
             await asyncio.get_running_loop().run_in_executor(None, copy_tree, self.c.volume_dir(pvc),
                                                              self.snapshot_dir(vs))
             backups.append({"volumeName": volume, "volumeSnapshotName": vs_name, "persistentVolumeClaim": {
+                # the claim's metadata whole but its managed fields (getSimplifiedMetaObject in
+                # KubeVirt's pkg/storage/snapshot/util.go); a restore copies the annotations back
                 "metadata": {"name": claim, "namespace": ns, "labels": pvc["metadata"].get("labels") or {},
-                             "annotations": {}},
+                             "annotations": dict(pvc["metadata"].get("annotations") or {})},
                 "spec": copy.deepcopy(pvc.get("spec") or {})}})
         content_meta = {"name": f"vmsnapshot-content-{uid}", "namespace": ns, "finalizers": []}
         if (field_value(snap, "spec.deletionPolicy") or "Delete") == "Delete":

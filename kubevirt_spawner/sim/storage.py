@@ -383,7 +383,10 @@ class Storage:
                              "labels": {**(meta.get("labels") or {}), "app": "containerized-data-importer",
                                         "app.kubernetes.io/component": "storage",
                                         "app.kubernetes.io/managed-by": "cdi-controller"},
-                             "annotations": {"cdi.kubevirt.io/storage.contentType": "kubevirt",
+                             # the DataVolume's annotations, then CDI's own (newPersistentVolumeClaim
+                             # in CDI's pkg/controller/datavolume/controller-base.go)
+                             "annotations": {**(meta.get("annotations") or {}),
+                                             "cdi.kubevirt.io/storage.contentType": "kubevirt",
                                              "cdi.kubevirt.io/createdForDataVolume": meta["uid"]},
                              "ownerReferences": [self.c.owner_ref(dv)],
                              "finalizers": [PVC_PROTECTION]},
