@@ -357,7 +357,7 @@ def reclaim_patch(policy: str) -> dict:
 def unretained_patch(user_created: str = "") -> dict:
     """Merge patch that removes the retained marks from a disk that is in use again, by the account
     made at `user_created` from now on."""
-    annotations = {ANNOTATION_RETAIN_UNTIL: None, ANNOTATION_CONFIRMED_FOR: None}
+    annotations: dict[str, str | None] = {ANNOTATION_RETAIN_UNTIL: None, ANNOTATION_CONFIRMED_FOR: None}
     if user_created:
         annotations[ANNOTATION_USER_CREATED] = user_created
     return {"metadata": {"labels": {LABEL_RETAINED: None}, "annotations": annotations}}

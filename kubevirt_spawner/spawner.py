@@ -6,7 +6,6 @@ Configuration (traitlets) and the JupyterHub hooks only; the lifecycle lives in 
 from __future__ import annotations
 
 import dataclasses
-
 import re
 from datetime import datetime, timezone
 

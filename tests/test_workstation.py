@@ -1078,7 +1078,7 @@ async def test_a_forced_slug_collision_gives_the_second_account_nothing_of_the_f
     assert second.status() == "stopped" and second.snapshots() == [] and second.disks_and_snapshots() == []
     assert len(first.disks_and_snapshots()) == 3  # (what an administrator's purge of the second would take)
     before = counts(env.sim)
-    refused = f"already exists and is not this workstation's, so nothing was done"
+    refused = "already exists and is not this workstation's, so nothing was done"
     with user_error("name-taken", refused):
         await second.start({"JUPYTERHUB_API_TOKEN": "attacker-token"}, [])
     for action in (lambda: second.stop(now=True), lambda: second.take_snapshot("x"),
