@@ -1173,3 +1173,32 @@ async def test_workstations_named_with_the_short_hash_keep_their_names(env, wsim
         for shared in spawner_module._shared.values():
             shared["caches"].stop()
         await forget_shared()
+
+
+async def test_concurrent_snapshots_cannot_pass_the_users_limit_together(env, wsim):
+    """Issue 30, item 5. The limit was checked before the snapshot's create, outside any lock: 30
+    requests at once all saw 0 of 5 and made 30 snapshots (outside the namespace's quota, in the
+    shared Ceph pool). Now the requests in flight count too: 5 are made, 25 refused with a sentence."""
+    from kubevirt_spawner.service.core import Caller, ServiceError, Workstations
+    ws = workstation(env, "lena")
+    await ws.start({}, [])
+    await ws.stop()
+    c = Config()
+    c.KubeVirtSpawner.kubeconfig = wsim.hub_kubeconfig
+    c.Workstations.snapshot_limit = 5
+    await forget_shared()
+    service = Workstations(hub=None, config=c, log=LOG)
+    lena = Caller(name="lena", admin=False)
+    try:
+        results = await asyncio.gather(*(service.take_snapshot(lena, "lena", "", f"s{i}", "") for i in range(30)),
+                                       return_exceptions=True)
+        refused = [r for r in results if isinstance(r, ServiceError)]
+        assert len(refused) == 25 and all(r.status == 409 and "lena has 5 snapshots, the most allowed" in r.message
+                                          for r in refused), results
+        await env.caches.wait_for(lambda: len(ws.snapshots()) == 5, 10)
+        with pytest.raises(ServiceError, match="the most allowed"):
+            await service.take_snapshot(lena, "lena", "", "one-more", "")
+    finally:
+        for shared in spawner_module._shared.values():
+            shared["caches"].stop()
+        await forget_shared()

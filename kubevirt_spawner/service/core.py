@@ -115,6 +115,7 @@ class Workstations(LoggingConfigurable):
         self.hub = hub
         self._tasks: dict[tuple[str, str], asyncio.Task] = {}
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._snapshots_in_flight: dict[str, set[tuple[str, str]]] = {}  # user: (namespace, name) being made
         self._keepalives: dict[tuple[str, str], datetime] = {}
         self._usage: dict[tuple[str, str], dict] = {}
         self._activity: dict[tuple[str, str], dict] = {}  # the guest's last word on why it is busy
@@ -343,9 +344,11 @@ class Workstations(LoggingConfigurable):
 
     # ---------------------------------------------------------------- snapshots
     def _user_snapshot_count(self, user: str) -> int:
-        return sum(1 for s in self._caches().snapshots.values()
-                   if (s["metadata"].get("annotations") or {}).get(m.ANNOTATION_USERNAME) == user
-                   and not s["metadata"].get("deletionTimestamp"))
+        """The user's snapshots: those the cache has, and those being made that it may not have yet."""
+        have = {(s["metadata"]["namespace"], s["metadata"]["name"]) for s in self._caches().snapshots.values()
+                if (s["metadata"].get("annotations") or {}).get(m.ANNOTATION_USERNAME) == user
+                and not s["metadata"].get("deletionTimestamp")}
+        return len(have | self._snapshots_in_flight.get(user, set()))
 
     async def take_snapshot(self, caller: Caller, user: str, server: str, name, note) -> dict:
         ws = await self.existing(caller, user, server)
@@ -357,11 +360,19 @@ class Workstations(LoggingConfigurable):
             m.virtual_machine_snapshot(ws.ident, name, note)
         except ValueError as exc:
             raise ServiceError(400, str(exc)) from None
+        key = (ws.ident.namespace, m.snapshot_object_name(ws.ident, name))
+        # Counted and reserved in one step (nothing awaited in between: the loop runs nothing else), so
+        # concurrent requests cannot all pass a limit that none of their snapshots has reached yet.
         self._check_snapshot_limit(user)
-        async with self._lock(user, server):
-            self._refuse_during_operation(ws)
-            return await self._audited(caller, "snapshot", ws, ws.take_snapshot(name, note, self.operation_timeout),
-                                       detail=name)
+        reserved = self._snapshots_in_flight.setdefault(user, set())
+        reserved.add(key)
+        try:
+            async with self._lock(user, server):
+                self._refuse_during_operation(ws)
+                return await self._audited(caller, "snapshot", ws,
+                                           ws.take_snapshot(name, note, self.operation_timeout), detail=name)
+        finally:
+            reserved.discard(key)  # made (the cache counts it) or not made
 
     def _check_snapshot_limit(self, user: str, why: str = ""):
         if self.snapshot_limit and self._user_snapshot_count(user) >= self.snapshot_limit:
