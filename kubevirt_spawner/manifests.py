@@ -299,7 +299,11 @@ def check_snapshot_name(name: str) -> str:
 
 
 def snapshot_object_name(ident: Identity, name: str) -> str:
-    return f"{ident.slug}-{name}"
+    """`alice--gpu.before-cuda`: a dot, which neither a slug nor a snapshot name has, keeps the two
+    apart, so workstations sharing a namespace never get the same object name (with a dash,
+    `bob` + `x-y` and `bob-x` + `y` did). Snapshots made with the dash keep their names: they are
+    found by their annotations."""
+    return f"{ident.slug}.{name}"
 
 
 def virtual_machine_snapshot(ident: Identity, name: str, note: str = "") -> dict:

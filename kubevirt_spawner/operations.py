@@ -52,6 +52,7 @@ class Operation:
     updated: str = ""
     snapshot: str = ""  # restore: the snapshot restored
     safety: str = ""  # the safety snapshot's name
+    safety_object: str = ""  # and its object's (manifests.snapshot_object_name), for an administrator
     restore: str = ""  # the VirtualMachineRestore's name
     was_running: bool = False
     error: str = ""
@@ -224,6 +225,7 @@ class Operations:
     async def _step_snapshot(self, op: Operation):
         if not op.safety:
             op.safety = f"before-{op.kind}-{_stamp()}"
+            op.safety_object = m.snapshot_object_name(self.ws.ident, op.safety)
             await self._save(op)  # the name first, so a restarted run finds the snapshot it took
         what = f"restoring {op.snapshot}" if op.kind == "restore" else "a system reset"
         await self.ws.take_snapshot(op.safety, note=f"taken automatically before {what}",

@@ -665,6 +665,7 @@ class Workstation:
                     if not again:
                         raise WorkstationError(f"A snapshot named {name} exists already; choose another name.",
                                                reason="snapshot-exists", status_code=409) from None
+                    await self._check_own_snapshot(obj)
 
             def finished() -> dict | None:
                 # Done, and the VM unlocked: KubeVirt refuses a stop or start while a snapshot holds
@@ -684,6 +685,18 @@ class Workstation:
                                        reason="snapshot-failed", status_code=500)
             self.log.info("snapshot %s done (%s)", name, done["consistency"])
             return done
+
+    async def _check_own_snapshot(self, obj: dict):
+        """The snapshot an interrupted operation made is there under its name: it must be this
+        workstation's, or the operation would wait for it in vain."""
+        existing = self.caches.snapshots.get(self.ident.namespace, obj["metadata"]["name"])
+        if existing is None:
+            found = await self.kube.list(SNAPSHOT, self.ident.namespace,
+                                         field_selector=f"metadata.name={obj['metadata']['name']}")
+            existing = next(iter(found.get("items") or []), None)
+        if existing is not None:
+            existing.setdefault("kind", SNAPSHOT.kind)
+            self._check_owner(existing)
 
     async def snapshots_size(self) -> float | None:
         """Bytes the snapshots' disks add up to: each VolumeSnapshot's restoreSize, the size of the

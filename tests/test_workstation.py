@@ -608,7 +608,7 @@ async def test_snapshots_say_how_consistent_they_are(env):
     await env.caches.wait_for(lambda: condition(ws.vmi, "AgentConnected"), 30)
     frozen = await ws.take_snapshot("with-agent", note="before the CUDA upgrade")
     assert frozen["consistency"] == "application-consistent" and frozen["ready"]
-    assert frozen["note"] == "before the CUDA upgrade" and frozen["object"] == f"{ws.ident.slug}-with-agent"
+    assert frozen["note"] == "before the CUDA upgrade" and frozen["object"] == f"{ws.ident.slug}.with-agent"
     sim_api(env.sim, "PUT", f"/vmis/{ws.ident.namespace}/{ws.ident.vm}/agent", {"connected": False})
     await env.caches.wait_for(lambda: not condition(ws.vmi, "AgentConnected"), 30)
     assert (await ws.take_snapshot("no-agent"))["consistency"] == "crash-consistent"
@@ -1202,3 +1202,30 @@ async def test_concurrent_snapshots_cannot_pass_the_users_limit_together(env, ws
         for shared in spawner_module._shared.values():
             shared["caches"].stop()
         await forget_shared()
+
+
+async def test_workstations_sharing_a_namespace_never_share_a_snapshot_object(env):
+    """Issue 30, item 9. With one namespace for everyone (a `namespace_template` without {user}),
+    the object names `slug-name` collided: `bob` + `x-y` and `bob-x` + `y` were both `bob-x-y`,
+    so the second was refused, and a name taken in advance made an operation's safety snapshot wait
+    out its timeout. A dot keeps slug and name apart; an object of another workstation under the
+    name an operation expects is refused at once."""
+    from kubevirt_spawner.workstation import SNAPSHOT
+    shared = {"namespace": "notebooks-shared"}
+    bob, bobx = (Workstation(env.kube, env.caches, names.identity(user, templates=shared), m.MachineSpec(),
+                             Settings(url_mode="cluster-ip"), LOG) for user in ("bob", "bob-x"))
+    for ws in (bob, bobx):
+        await ws.start({}, [])
+        await ws.stop()
+    assert (await bob.take_snapshot("x-y"))["object"] == "bob.x-y"
+    assert (await bobx.take_snapshot("y"))["object"] == "bob-x.y"
+
+    squatted = m.virtual_machine_snapshot(bobx.ident, "before-restore-1")
+    squatted["metadata"]["name"] = m.snapshot_object_name(bob.ident, "before-restore-1")
+    await env.admin.create(SNAPSHOT, squatted)
+    started = time.monotonic()
+    with user_error("name-taken", "bob.before-restore-1 already exists and is not this workstation's"):
+        await bob.take_snapshot("before-restore-1", again=True, timeout=60)
+    assert time.monotonic() - started < 10
+    for ws in (bob, bobx):
+        await ws.retire()
