@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 import re
 
 # A DNS-1035 label (also a DNS-1123 label and a label value) without `--`: it starts with a
@@ -62,6 +63,39 @@ def workstation_slug(user: str, server: str = "") -> str:
         return joined
     # Too long to join: one hash over both raw names keeps object names within 63 characters.
     return f"{_stem(user, WORKSTATION_SLUG_MAX - HASH_LENGTH - 3)}---{_hash(user, server)}"
+
+
+def printable(text: object) -> str:
+    """`text` with every character that is not printable (newline, carriage return, terminal
+    escapes, line separators) written as its Python escape: a name a user chose cannot start a
+    forged log line or hide one."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def printable_args(args: tuple) -> tuple:
+    """Log arguments with every one but a number made `printable` (numbers keep %d and %f)."""
+    return tuple(a if isinstance(a, (int, float)) or a is None else printable(a) for a in args)
+
+
+class PrintableArgs(logging.Filter):
+    """A logger's filter that makes the arguments of each of its lines `printable`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = printable_args(record.args)
+        return True
+
+
+def confine_log_arguments(log: logging.Logger | logging.LoggerAdapter):
+    """Every line `log` writes gets printable arguments (once, however often it is asked)."""
+    logger = log
+    while isinstance(logger, logging.LoggerAdapter):
+        logger = logger.logger
+    if not any(isinstance(f, PrintableArgs) for f in logger.filters):
+        logger.addFilter(PrintableArgs())
 
 
 def is_dns1123_label(name: str) -> bool:

@@ -289,6 +289,10 @@ class KubeVirtSpawner(Spawner):
                 "rootdisk": self.rootdisk_name_template, "workspace": self.workspace_name_template,
                 "secret": self.secret_name_template, "service": self.service_name_template}
 
+    @property
+    def _log_name(self) -> str:
+        return names.printable(super()._log_name)  # a user may choose a name with a newline
+
     def _user_created(self) -> str:
         """When the hub made this account (the service's stand-in users have no such record)."""
         created = getattr(self.user, "created", None)

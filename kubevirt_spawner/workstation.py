@@ -23,6 +23,7 @@ from jupyterhub.spawner import SpawnException
 
 from . import kube as k
 from . import manifests as m
+from . import names
 from .clonegate import CloneGate
 from .objects import FINAL_PHASES, condition, field_value
 from .quantity import parse_quantity
@@ -67,6 +68,10 @@ class WorkstationLog(logging.LoggerAdapter):
 
     def process(self, msg, kwargs):
         return f"{self.workstation}: {msg}", kwargs
+
+    def log(self, level, msg, *args, **kwargs):
+        # Arguments may be what a user chose (snapshot names, errors quoting them): never raw.
+        super().log(level, msg, *names.printable_args(args), **kwargs)
 
 
 def _ignore_report(percent: int, message: str):

@@ -67,3 +67,9 @@ def test_a_hashed_slug_carries_80_bits():
         assert len(digest) * 5 >= 80 and set(digest) <= set("abcdefghijklmnopqrstuvwxyz234567")
     stem, digest = names.workstation_slug("Alice Smith", "a server name far too long to join").split("---")
     assert len(digest) * 5 >= 80
+
+
+def test_printable_escapes_what_could_forge_or_hide_a_log_line():
+    assert names.printable("ålice 日本") == "ålice 日本"  # printable text stays as it is
+    assert names.printable("a\nb\rc\x1b[2Jd\u2028e\tf") == "a\\nb\\rc\\x1b[2Jd\\u2028e\\tf"
+    assert names.printable_args(("a\nb", 3, 2.5, None)) == ("a\\nb", 3, 2.5, None)

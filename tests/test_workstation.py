@@ -1229,3 +1229,30 @@ async def test_workstations_sharing_a_namespace_never_share_a_snapshot_object(en
     assert time.monotonic() - started < 10
     for ws in (bob, bobx):
         await ws.retire()
+
+
+async def test_a_name_with_a_newline_cannot_forge_a_log_line(env, wsim, caplog):
+    """Issue 30, item 7. A snapshot name is the user's choice and reached the audit line raw: a
+    name with a newline wrote a second, forged audit line. Every argument of the service's lines
+    and of a workstation's is made printable (escaped) first."""
+    from kubevirt_spawner.service.core import Caller, ServiceError, Workstations
+    ws = workstation(env, "nell")
+    await ws.start({}, [])
+    c = Config()
+    c.KubeVirtSpawner.kubeconfig = wsim.hub_kubeconfig
+    await forget_shared()
+    service = Workstations(hub=None, config=c, log=LOG)
+    forged = "x\n[I 2026-12-01 10:00:00.000 workstations core:1] audit: admin reset nell: done"
+    try:
+        with caplog.at_level(logging.INFO, logger=LOG.name):
+            with pytest.raises(ServiceError, match="There is no snapshot named"):
+                await service.delete_snapshot(Caller(name="nell", admin=False), "nell", "", forged)
+            ws.log.info("the user asked for %s", forged)
+        lines = [r.getMessage() for r in caplog.records if "x\\n[I 2026" in r.getMessage()]
+        assert len(lines) == 2 and all("\n" not in line for line in lines), lines
+        assert any(line.startswith("audit: nell delete-snapshot nell: failed") for line in lines)
+    finally:
+        for shared in spawner_module._shared.values():
+            shared["caches"].stop()
+        await forget_shared()
+        await ws.stop()

@@ -18,6 +18,7 @@ from traitlets.config import LoggingConfigurable
 
 from .. import kube as k
 from .. import manifests as m
+from .. import names
 from ..objects import ROOT_DISK_SERIAL, WORKSPACE_DISK_SERIAL, field_value
 from ..operations import STEP_LABELS, Operation, Operations
 from ..quantity import parse_quantity
@@ -112,6 +113,7 @@ class Workstations(LoggingConfigurable):
 
     def __init__(self, hub: Hub, **kwargs):
         super().__init__(**kwargs)
+        names.confine_log_arguments(self.log)  # names, notes and paths are the users' own choice
         self.hub = hub
         self._tasks: dict[tuple[str, str], asyncio.Task] = {}
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
