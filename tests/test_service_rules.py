@@ -73,7 +73,10 @@ def test_a_guest_report_is_checked_and_the_why_ages_with_the_guests_interval():
     check_activity_report([], 60)
     for bad in (None, "busy", [{"source": "magic", "text": "x"}], [{"source": "keepalive", "text": "x"}],
                 [{"source": "gpu"}], [{"source": "gpu", "text": "x" * 301}], [{"source": "gpu", "text": "x", "since": 5}],
-                [reasons[0]] * 21):
+                [reasons[0]] * 21,
+                # (issue 30, item 8: "since" is a time, not any string the service would keep)
+                [{"source": "gpu", "text": "x", "since": "x" * 1_000_000}],
+                [{"source": "gpu", "text": "x", "since": "yesterday"}]):
         with pytest.raises(ServiceError) as err:
             check_activity_report(bad, 60)
         assert err.value.status == 400 and '"sources" is a list' in err.value.message

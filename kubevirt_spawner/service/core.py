@@ -77,14 +77,19 @@ def usage_level(percent: float | None) -> str | None:
 
 
 def check_activity_report(sources, every):
-    """A guest's activity report: at most 20 `{"source", "text", "since"}` and its interval."""
+    """A guest's activity report: at most 20 `{"source", "text", "since"}` and its interval. Every
+    field is bounded (the service keeps the last report of every workstation in memory)."""
     if not isinstance(sources, list) or len(sources) > 20 or not all(
             isinstance(x, dict) and x.get("source") in ACTIVITY_SOURCES and isinstance(x.get("text"), str)
-            and len(x["text"]) <= 300 and isinstance(x.get("since"), (str, type(None))) for x in sources):
+            and len(x["text"]) <= 300 and _time_or_none(x.get("since")) for x in sources):
         raise ServiceError(400, '"sources" is a list of at most 20 {"source": one of '
                                 f'{", ".join(ACTIVITY_SOURCES)}, "text": "...", "since": time or null}}.')
     if not isinstance(every, (int, float)) or isinstance(every, bool) or not 1 <= every <= 3600:
         raise ServiceError(400, '"every" is the number of seconds until the next report, 1 to 3600.')
+
+
+def _time_or_none(value) -> bool:
+    return value is None or (isinstance(value, str) and len(value) <= 40 and _parse_time(value) is not None)
 
 
 def workstation_path(user: str, server: str) -> str:
@@ -415,8 +420,9 @@ class Workstations(LoggingConfigurable):
         if confirm is not True:
             raise ServiceError(400, 'Confirm the restore with "confirm": true: the workstation is stopped and its '
                                     "disks are put back as they were in the snapshot.")
-        if not isinstance(snapshot, str) or not snapshot:
-            raise ServiceError(400, 'Name the snapshot to restore ("snapshot").')
+        if not isinstance(snapshot, str) or not snapshot or len(snapshot) > m.SNAPSHOT_NAME_MAX:
+            raise ServiceError(400, f'Name the snapshot to restore ("snapshot", at most {m.SNAPSHOT_NAME_MAX} '
+                                    "characters).")
         if self.safety_snapshot:
             self._check_snapshot_limit(user, " (a restore takes a safety snapshot first)")
         return await self._begin(caller, ws, "restore", lambda ops: ops.begin_restore(snapshot, caller.name),
@@ -548,7 +554,8 @@ class Workstations(LoggingConfigurable):
         check_activity_report(sources, every)
         at = _now()
         self._activity[(user, server)] = {"at": at, "every": every, "sources": [
-            {"source": x["source"], "text": x["text"], "since": x.get("since")} for x in sources]}
+            {"source": x["source"], "text": x["text"], "since": _iso_or_none(_parse_time(x.get("since")))}
+            for x in sources]}
         return {"recorded": _iso(at)}
 
     async def report_keepalives(self):

@@ -30,6 +30,10 @@ from .hub import Hub
 TEMPLATES = jinja2.Environment(loader=jinja2.PackageLoader("kubevirt_spawner.service", "templates"),
                                autoescape=True)
 API_ACTIONS = ("snapshots", "restore", "reset", "stop", "keepalive", "purge", "activity")
+# No request of the API or the page needs more (a note is 500 characters, a report 20 of 300): a
+# larger body is refused with a sentence, and one beyond the server's own bound is not read at all.
+MAX_BODY_BYTES = 64 * 1024
+MAX_READ_BYTES = 1024 * 1024
 
 
 class Base(HubOAuthenticated, web.RequestHandler):
@@ -66,6 +70,8 @@ class Base(HubOAuthenticated, web.RequestHandler):
     def body(self) -> dict:
         if not self.request.body:
             return {}
+        if len(self.request.body) > MAX_BODY_BYTES:
+            raise ServiceError(413, f"The request body is larger than {MAX_BODY_BYTES // 1024} KiB.")
         try:
             data = json.loads(self.request.body)
         except ValueError:
@@ -280,6 +286,8 @@ class Page(Base):
         srv = server or ""
         action = self.get_body_argument("action", "")
         try:
+            if len(self.request.body) > MAX_BODY_BYTES:
+                raise ServiceError(413, f"The form is larger than {MAX_BODY_BYTES // 1024} KiB.")
             if user is None:
                 raise ServiceError(404, "No workstation named.")
             if action == "snapshot":
@@ -361,7 +369,7 @@ async def serve(port: int, config_path: str | None = None, ip: str = "127.0.0.1"
     core = Workstations(hub, config=config, log=log)
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", f"/services/{SERVICE_NAME}/")
     app = make_app(core, prefix, os.environ.get("JUPYTERHUB_BASE_URL", "/").rstrip("/") + "/hub/")
-    app.listen(port, ip)
+    app.listen(port, ip, max_body_size=MAX_READ_BYTES)
     log.info("workstations service on %s:%d%s (hub config %s)", ip, port, prefix, path)
     background = [asyncio.ensure_future(core.report_keepalives()), asyncio.ensure_future(core.resume_interrupted())]
     try:

@@ -352,6 +352,21 @@ BAD_INPUT = [
      '"since": time or null}.'),
     ("owner", "POST", "/workstations/dave/activity", {"sources": [], "every": 0}, 400,
      '"every" is the number of seconds until the next report, 1 to 3600.'),
+    # (issue 30, item 8: every field bounded, and the body: the service keeps reports in memory)
+    ("owner", "POST", "/workstations/dave/activity", {"sources": [{"source": "ssh", "text": "login",
+                                                                   "since": "x" * 100000}], "every": 60}, 413,
+     "The request body is larger than 64 KiB."),
+    ("owner", "POST", "/workstations/dave/activity", {"sources": [{"source": "ssh", "text": "login",
+                                                                   "since": "2026-12-01T10:00:00+00:00" + "0" * 40}],
+                                                       "every": 60}, 400,
+     '"sources" is a list of at most 20 {"source": one of jupyter, ssh, console, gpu, cpu, kernel, "text": "...", '
+     '"since": time or null}.'),
+    ("owner", "POST", "/workstations/dave/activity", {"sources": [{"source": "ssh", "text": "login",
+                                                                   "since": "yesterday"}], "every": 60}, 400,
+     '"sources" is a list of at most 20 {"source": one of jupyter, ssh, console, gpu, cpu, kernel, "text": "...", '
+     '"since": time or null}.'),
+    ("owner", "POST", "/workstations/dave/restore", {"snapshot": "s" * 5000, "confirm": True}, 400,
+     'Name the snapshot to restore ("snapshot", at most 40 characters).'),
     ("owner", "POST", "/workstations/dave/snapshots", "not json", 400, "The request body is not JSON."),
     ("owner", "POST", "/workstations/dave/snapshots", ["a list"], 400, "The request body must be a JSON object."),
     ("owner", "POST", "/workstations/dave/explode", {}, 404, "No such endpoint."),
