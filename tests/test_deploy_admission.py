@@ -343,3 +343,98 @@ def test_a_vm_of_the_hub_keeps_to_the_pod_network_and_the_configured_gpus(policy
     verdict = create(policy, vm)
     assert not verdict.allowed and words in verdict.message, verdict
     assert not update(policy, m.virtual_machine(IDENT, SPEC), vm).allowed
+
+
+def _restore(**spec):
+    restore = m.virtual_machine_restore(IDENT, m.snapshot_object_name(IDENT, "before-cuda"), "restore-1")
+    for key, value in spec.items():
+        if value is None:
+            restore["spec"].pop(key)
+        else:
+            restore["spec"][key] = value
+    return restore
+
+
+OTHER = names.identity("Alice.Smith")  # the same user's default server: another workstation
+
+
+@pytest.mark.parametrize("restore", [
+    # KubeVirt v1.9 creates a missing target and applies the patches to it as virt-controller
+    # (pkg/storage/snapshot/restore.go; pkg/storage/admitters/vmrestore.go only checks /spec/ paths)
+    _restore(target={"apiGroup": "kubevirt.io", "kind": "VirtualMachine", "name": "new-vm"},
+             patches=['{"op": "replace", "path": "/spec/template/spec/volumes/0", "value": '
+                      '{"name": "sa", "serviceAccount": {"serviceAccountName": "default"}}}']),
+    _restore(patches=['{"op": "add", "path": "/spec/template/spec/domain/devices/hostDevices", "value": []}']),
+    _restore(volumeRestoreOverrides=[{"volumeName": "rootdisk", "restoreName": "payroll-db"}]),
+    _restore(volumeRestorePolicy=None),
+    _restore(volumeRestorePolicy="RandomizeNames"),
+    _restore(target={"apiGroup": "kubevirt.io", "kind": "VirtualMachine", "name": OTHER.vm}),
+    _restore(target={"kind": "VirtualMachine", "name": IDENT.vm}),
+    _restore(virtualMachineSnapshotName=m.snapshot_object_name(OTHER, "before-cuda")),
+], ids=["patches-new-target", "patches", "volume-overrides", "no-policy", "not-in-place", "another-vm",
+        "no-api-group", "another-workstations-snapshot"])
+def test_a_restore_of_the_hub_puts_its_own_vm_back_in_place_and_nothing_else(policy, restore):
+    """Issue 30, item 3: the policy checked a restore's labels and namespace only."""
+    verdict = create(policy, restore)
+    assert not verdict.allowed and f"puts the VM of its own workstation, {IDENT.vm}, back" in verdict.message, verdict
+
+
+def _template(key):
+    def change(vm, value):
+        vm["spec"]["template"].setdefault("metadata", {}).setdefault(key, {}).update(value)
+    return change
+
+
+def _template_spec(key):
+    def change(vm, value):
+        vm["spec"]["template"]["spec"][key] = value
+    return change
+
+
+def _spec(key):
+    def change(vm, value):
+        vm["spec"][key] = value
+    return change
+
+
+def _kernel_boot(vm, value):
+    vm["spec"]["template"]["spec"]["domain"]["firmware"]["kernelBoot"] = value
+
+
+def _container_disk(vm, value):
+    vm["spec"]["template"]["spec"]["volumes"][0] = value
+
+
+@pytest.mark.parametrize("change,value,words", [
+    # copied to the virt-launcher pod: a hook sidecar runs any image beside QEMU; a Multus network
+    (_template("annotations"), {"hooks.kubevirt.io/hookSidecars": '[{"image": "evil/sidecar"}]'},
+     "annotations of kubevirt-spawner.io/ only"),
+    (_template("annotations"), {"k8s.v1.cni.cncf.io/networks": "payroll/net"}, "annotations of kubevirt-spawner.io/"),
+    (_template("labels"), {"role": "payroll-db-client"}, "labels of kubevirt-spawner.io/"),
+    (_template_spec("tolerations"), [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists",
+                                       "effect": "NoSchedule"}], "tolerates the taint workload.example.com/kubevirt only"),
+    (_template_spec("tolerations"), [{"operator": "Exists"}], "tolerates the taint workload.example.com/kubevirt only"),
+    (_template_spec("priorityClassName"), "system-node-critical", "no priority class"),
+    (_spec("instancetype"), {"kind": "VirtualMachineClusterInstancetype", "name": "gpu-passthrough"},
+     "instancetype or preference"),
+    (_kernel_boot, {"container": {"image": "evil/kernel", "kernelPath": "/vmlinuz"}}, "no kernelBoot"),
+    (_container_disk, {"name": "rootdisk", "containerDisk": {"image": "evil/rootfs"}}, "may mount disks"),
+], ids=["hook-sidecar", "multus-annotation", "foreign-label", "control-plane-toleration", "tolerate-all",
+        "priority-class", "instancetype", "kernel-boot-container", "container-disk-boot"])
+def test_a_vm_template_gives_the_launcher_pod_nothing_but_the_spawners(policy, change, value, words):
+    """Issue 30, item 3: the template's metadata (virt-controller copies it to the launcher pod),
+    tolerations and boot sources were not checked."""
+    vm = m.virtual_machine(IDENT, SPEC)
+    change(vm, value)
+    verdict = create(policy, vm)
+    assert not verdict.allowed and words in verdict.message, verdict
+    assert not update(policy, m.virtual_machine(IDENT, SPEC), vm).allowed
+
+
+def test_the_spawners_placement_passes(policy):
+    """The profile placement the project documents (the workstation nodes' taint) passes."""
+    placed = dataclasses.replace(SPEC, node_selector={"workload.example.com/kubevirt": "true"},
+                                 tolerations=({"key": "workload.example.com/kubevirt", "operator": "Exists",
+                                               "effect": "NoSchedule"},),
+                                 extra_annotations={"kubevirt-spawner.io/cost-centre": "physics"})
+    assert create(policy, m.virtual_machine(IDENT, placed)) == Verdict(True, True)
