@@ -15,6 +15,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 from jupyterhub.spawner import SpawnException
+from traitlets import TraitError
 from traitlets.config import Config
 
 from kubevirt_spawner import kube as k
@@ -1251,6 +1252,44 @@ async def test_a_name_with_a_newline_cannot_forge_a_log_line(env, wsim, caplog):
         lines = [r.getMessage() for r in caplog.records if "x\\n[I 2026" in r.getMessage()]
         assert len(lines) == 2 and all("\n" not in line for line in lines), lines
         assert any(line.startswith("audit: nell delete-snapshot nell: failed") for line in lines)
+    finally:
+        for shared in spawner_module._shared.values():
+            shared["caches"].stop()
+        await forget_shared()
+        await ws.stop()
+
+
+async def test_a_workstations_own_token_may_not_delete_its_snapshots(env, wsim):
+    """Issue 30, item 6. The token a server holds ($JUPYTERHUB_API_TOKEN) is readable by anyone
+    with a terminal in it (a user it is shared with, an admin who opens it), who could call the
+    service as the owner and delete every snapshot. By default that token may restore and reset
+    (each takes a safety snapshot first) but not delete a snapshot, which only the owner's login
+    does; `server_token_actions` says what sharing grants."""
+    from kubevirt_spawner.service.core import Caller, ServiceError, Workstations
+    ws = workstation(env, "tess")
+    await ws.start({}, [])
+    await ws.take_snapshot("keep")
+    c = Config()
+    c.KubeVirtSpawner.kubeconfig = wsim.hub_kubeconfig
+    await forget_shared()
+    service = Workstations(hub=None, config=c, log=LOG)
+    servers_token = Caller(name="tess", admin=False, servers=frozenset({"tess/"}))
+    try:
+        with pytest.raises(ServiceError, match="A workstation's own token may not delete a snapshot") as refused:
+            await service.delete_snapshot(servers_token, "tess", "", "keep")
+        assert refused.value.status == 403 and [s["name"] for s in ws.snapshots()] == ["keep"]
+        # what sharing grants by default: a restore passes this check (and meets the next one)
+        with pytest.raises(ServiceError, match="Confirm the restore"):
+            await service.restore(servers_token, "tess", "", "keep", False)
+        strict = Workstations(hub=None, config=c, log=LOG, server_token_actions=[])
+        with pytest.raises(ServiceError, match="may not restore a snapshot"):
+            await strict.restore(servers_token, "tess", "", "keep", True)
+        with pytest.raises(ServiceError, match="may not reset the system"):
+            await strict.reset(servers_token, "tess", "", "tess")
+        with pytest.raises(TraitError, match="wipe is not one of"):
+            Workstations(hub=None, config=c, log=LOG, server_token_actions=["wipe"])
+        await service.delete_snapshot(Caller(name="tess", admin=False), "tess", "", "keep")  # the owner's login
+        assert ws.snapshots() == []
     finally:
         for shared in spawner_module._shared.values():
             shared["caches"].stop()

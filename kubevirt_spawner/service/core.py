@@ -13,7 +13,7 @@ from datetime import datetime, timedelta, timezone
 
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from traitlets import Bool, Float, Integer
+from traitlets import Bool, Float, Integer, List, TraitError, Unicode, validate
 from traitlets.config import LoggingConfigurable
 
 from .. import kube as k
@@ -92,6 +92,11 @@ def _time_or_none(value) -> bool:
     return value is None or (isinstance(value, str) and len(value) <= 40 and _parse_time(value) is not None)
 
 
+# What `server_token_actions` may allow a workstation's own token, in words for the refusal.
+SERVER_TOKEN_ACTIONS = {"restore": "restore a snapshot", "reset": "reset the system",
+                        "delete-snapshot": "delete a snapshot"}
+
+
 def workstation_path(user: str, server: str) -> str:
     return f"{user}/{server}" if server else user
 
@@ -104,6 +109,14 @@ class Workstations(LoggingConfigurable):
         0: no limit. Taking one more is refused with a sentence that says so.""")
     safety_snapshot = Bool(True, config=True, help="""
         Take a snapshot of the current state before every restore and reset.""")
+    server_token_actions = List(Unicode(), default_value=["restore", "reset"], config=True, help="""
+        What a workstation's own token may do beyond snapshots, stops, keep-alives and activity
+        reports: any of "restore", "reset" and "delete-snapshot". That token is the one its server
+        holds ($JUPYTERHUB_API_TOKEN), so whoever has a terminal in the workstation can read it:
+        every user the server is shared with, and every admin who opens it; the panel acts with
+        it. Restores and resets take a safety snapshot first (`safety_snapshot`); deleting a
+        snapshot cannot be undone, so by default only the owner's own login does that (the
+        workstations page, where the panel's Delete leads). [] keeps all three to the owner.""")
     keepalive_max_minutes = Integer(240, config=True, help="Longest keep-alive a user may ask for.")
     keepalive_interval = Float(60.0, config=True, help="""
         Seconds between the activity reports the service sends the hub while a keep-alive lasts.""")
@@ -115,6 +128,14 @@ class Workstations(LoggingConfigurable):
         Seconds between the culler's checks: a stop comes up to this long after the deadline.""")
     idle_warn_before = Integer(600, config=True, help="""
         Seconds before an idle stop at which the Lab warns, with a "Keep running" button.""")
+
+    @validate("server_token_actions")
+    def _check_server_token_actions(self, proposal):
+        unknown = sorted(set(proposal.value) - set(SERVER_TOKEN_ACTIONS))
+        if unknown:
+            raise TraitError(f"c.Workstations.server_token_actions: {', '.join(unknown)} is not one of "
+                             f"{', '.join(SERVER_TOKEN_ACTIONS)}")
+        return proposal.value
 
     def __init__(self, hub: Hub, **kwargs):
         super().__init__(**kwargs)
@@ -164,6 +185,14 @@ class Workstations(LoggingConfigurable):
             which = f"named {server}" if server else ""
             raise ServiceError(404, f"{user} has no workstation {which}".rstrip() + ".")
         return ws
+
+    def refuse_server_token(self, caller: Caller, action: str):
+        """The owner's own login, or a token of theirs that is not a workstation's, for what
+        `server_token_actions` keeps from a workstation's token."""
+        if caller.servers is not None and action not in self.server_token_actions:
+            raise ServiceError(403, f"A workstation's own token may not {SERVER_TOKEN_ACTIONS[action]} (anyone with "
+                                    "a terminal in the workstation can read it); do it on the workstations page, "
+                                    "logged in as yourself.")
 
     def authorize(self, caller: Caller, user: str, server: str | None = None):
         if caller.name != user and not caller.admin:
@@ -393,6 +422,7 @@ class Workstations(LoggingConfigurable):
 
     async def delete_snapshot(self, caller: Caller, user: str, server: str, name: str):
         ws = await self.existing(caller, user, server)
+        self.refuse_server_token(caller, "delete-snapshot")
         async with self._lock(user, server):
             op = Operation.from_vm(ws.vm)
             if op is not None and op.state == "running" and name in (op.snapshot, op.safety):
@@ -417,6 +447,7 @@ class Workstations(LoggingConfigurable):
 
     async def restore(self, caller: Caller, user: str, server: str, snapshot, confirm) -> dict:
         ws = await self.existing(caller, user, server)
+        self.refuse_server_token(caller, "restore")
         if confirm is not True:
             raise ServiceError(400, 'Confirm the restore with "confirm": true: the workstation is stopped and its '
                                     "disks are put back as they were in the snapshot.")
@@ -430,6 +461,7 @@ class Workstations(LoggingConfigurable):
 
     async def reset(self, caller: Caller, user: str, server: str, confirm) -> dict:
         ws = await self.existing(caller, user, server)
+        self.refuse_server_token(caller, "reset")
         expected = workstation_path(user, server)
         if confirm != expected:
             raise ServiceError(400, f'Type the workstation\'s name to confirm the reset ("confirm": "{expected}"): '

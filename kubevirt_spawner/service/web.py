@@ -275,7 +275,9 @@ class Page(Base):
                 return self.redirect(view["hub"]["url"] + "lab")
             self.render_page("workstation.html", caller=caller, ws=view, snapshots=await self.core.snapshots(
                 caller, user, server or ""), events=self.core.start_events(ws), last_start=await self.core.last_start(ws),
-                message=DONE.get(self.get_argument("done", ""), ""), follow=follow, refresh=_refresh(view, follow))
+                message=DONE.get(self.get_argument("done", ""), ""), follow=follow, refresh=_refresh(view, follow),
+                # (the panel's Delete: a workstation's token may not delete, the owner's login here may)
+                confirm_delete=self.get_argument("delete", ""))
         except (ServiceError, k.KubeError) as err:
             self._render_refusal(err)
 

@@ -63,24 +63,25 @@ export async function takeSnapshot(model: WorkstationModel): Promise<void> {
   await model.refresh();
 }
 
-/** Delete a snapshot: the one named, or one the user picks. */
+/**
+ * Delete a snapshot: the one named, or one the user picks. Not with this server's token (anyone
+ * with a terminal here can read it): on the workstations page, in a new tab, where the owner's
+ * own login confirms it.
+ */
 export async function deleteSnapshot(model: WorkstationModel, name?: string): Promise<void> {
+  const info = ready(model);
+  if (!info) {
+    return;
+  }
   if (!name) {
     name = await pickSnapshot(model, 'Delete which snapshot?', false);
     if (!name) {
       return;
     }
   }
-  const result = await showDialog({
-    title: `Delete snapshot ${name}?`,
-    body: 'The snapshot is gone for good; the workstation is not changed.',
-    buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Delete' })]
-  });
-  if (!result.button.accept) {
-    return;
-  }
-  await attempt(() => api.deleteSnapshot(name));
-  await model.refresh();
+  // back here, the list shows what was done there
+  window.addEventListener('focus', () => void model.refresh(), { once: true });
+  window.open(`${info.service_page}?delete=${encodeURIComponent(name)}`, '_blank');
 }
 
 /** Restore a snapshot: the one named, or one the user picks. */

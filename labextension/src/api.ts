@@ -123,8 +123,6 @@ export const api = {
   snapshots: () => call<{ snapshots: ISnapshot[] }>('snapshots', {}, true).then(r => r.snapshots),
   takeSnapshot: (name: string, note: string) =>
     post<ISnapshot>('snapshots', { name: name || null, note }),
-  deleteSnapshot: (name: string) =>
-    call<{ deleted: string }>(`snapshots/${encodeURIComponent(name)}`, { method: 'DELETE' }),
   restore: (snapshot: string) => post<unknown>('restore', { snapshot, confirm: true }),
   reset: (confirm: string) => post<unknown>('reset', { confirm }),
   stop: () => post<unknown>('stop', { wait: false }),

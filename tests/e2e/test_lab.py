@@ -273,13 +273,18 @@ def test_the_workstation_panel_in_a_browser(hub: Hub, cluster: Cluster, page):
     assert hub.read_file(USER, f"home/{USER}/notes.txt") == "my notes"
     assert hub.read_file(USER, "opt/tool.txt") is None
 
-    # Delete the reset's safety snapshot from the panel.
+    # Delete the reset's safety snapshot from the panel: on the workstations page, in a new tab, with
+    # the owner's own login (the server's token, which a terminal can read, may not delete).
     open_panel(page)
     safety = panel.locator(".kvs-snapshot", has_text="taken automatically before a system reset")
     name = safety.get_attribute("data-name")
-    safety.locator(".kvs-delete").click()
-    accept_dialog(page)
-    panel.locator(f'.kvs-snapshot[data-name="{name}"]').wait_for(state="detached")
+    with page.context.expect_page() as opened:
+        safety.locator(".kvs-delete").click()
+    confirm = opened.value
+    confirm.locator(".confirm-delete button", has_text=f"Delete {name}").click()
+    confirm.locator(".message", has_text="Snapshot deleted.").wait_for()
+    confirm.close()
+    panel.locator(f'.kvs-snapshot[data-name="{name}"]').wait_for(state="detached", timeout=LONG)
 
     # The status bar shows the root disk's use and the time left before an idle stop.
     status = page.locator(".kvs-status")

@@ -276,7 +276,8 @@ MATRIX = [
     ("GET", "/workstations?user=dave", None, {}),
     ("GET", "/workstations/dave/snapshots", None, {}),
     ("POST", "/workstations/dave/snapshots", {"name": "Bad Name"}, {"allowed": 400}),
-    ("DELETE", "/workstations/dave/snapshots/ghost", None, {"allowed": 404}),
+    # a server's token (anyone with a terminal in it can read it) may not delete snapshots
+    ("DELETE", "/workstations/dave/snapshots/ghost", None, {"allowed": 404, "owner's server token": 403}),
     ("POST", "/workstations/dave/restore", {"snapshot": "ghost", "confirm": False}, {"allowed": 400}),
     ("POST", "/workstations/dave/reset", {"confirm": "wrong"}, {"allowed": 400}),
     # dave's server token stands for that server: not for another workstation of dave's
