@@ -28,6 +28,9 @@ Environment it reads (deploy/jupyterhub/values.yaml passes deploy/settings.env's
   ACCELERATOR_LABEL      "vfio" on the pool's GPU passthrough nodes (default accelerator.example.com/mode)
   GPU_DEVICES            the GPUs KubeVirt passes through, space-separated VENDOR:DEVICE=RESOURCE_NAME
                          (default 10DE:20B0=nvidia.com/A100-PCIE-40GB): one GPU profile per resource
+  SUBDOMAIN_HOST         the hub's public URL (https://jupyter.example.org), whose subdomains are the
+                         users' (c.JupyterHub.subdomain_host, when the site does not set it itself):
+                         without it the hub refuses to start (KubeVirtSpawner.allow_shared_origin)
 """
 
 import os
@@ -52,6 +55,15 @@ c.JupyterHub.cleanup_servers = False  # workstations keep running across hub res
 # Activity is what the workstation's server reports (API use, kernels, terminals), not any traffic
 # through the proxy: an open tab's polling (the Workstation panel's included) would keep it "active".
 c.JupyterHub.last_activity_interval = 0
+
+# Users are root in their workstations and serve what they like under /user/NAME/: each user's
+# pages get an origin of their own (NAME.jupyter.example.org), never the hub's, and the hub's
+# cookies the __Host- prefix, which a user's subdomain cannot set (cookie tossing).
+# KubeVirtSpawner.validate_config, last below, refuses a hub without it.
+if not c.JupyterHub.get("subdomain_host") and os.environ.get("SUBDOMAIN_HOST"):
+    c.JupyterHub.subdomain_host = os.environ["SUBDOMAIN_HOST"]
+if c.JupyterHub.get("subdomain_host") and "cookie_host_prefix_enabled" not in c.JupyterHub:
+    c.JupyterHub.cookie_host_prefix_enabled = True
 
 # --- the spawner
 c.JupyterHub.spawner_class = "kubevirt"

@@ -127,6 +127,13 @@ class KubeVirtSpawner(Spawner):
     retention_days = Integer(30, config=True, help="""
         Days the disks of a deleted user or named server are kept (labelled as retained).""")
     stop_timeout = Integer(300, config=True, help="Seconds a graceful stop may take before the VM is forced off.")
+    allow_shared_origin = Bool(False, config=True, help="""
+        Let the hub run without `c.JupyterHub.subdomain_host`, with every user's pages (what the
+        user's workstation serves under /user/NAME/) on the hub's own origin. Users are root in their
+        workstations and serve what they like there: on the hub's origin, a page of theirs that
+        another user opens acts with that user's hub login (reads the workstations page, restores,
+        resets, makes API tokens). Only for a hub whose users all trust each other, or a local demo;
+        otherwise give each user a subdomain (wildcard DNS and TLS, deploy/README.md section 8).""")
     workstations_url = Unicode("", config=True, help="""
         URL at which a workstation reaches the hub's `workstations` service (its Lab panel calls
         it), ending in /services/workstations/; `service.register()` sets it. Passed to the guest
@@ -421,6 +428,16 @@ class KubeVirtSpawner(Spawner):
         stops the hub at start-up with a message naming it, instead of failing a user's start."""
         spawner = cls(config=config)
         spawner._check_storage_quota()
+        spawner._check_origin(config)
+
+    def _check_origin(self, config):
+        hub = config.JupyterHub if "JupyterHub" in config else {}
+        if not hub.get("subdomain_host") and not self.allow_shared_origin:
+            raise TraitError(
+                "c.JupyterHub.subdomain_host is not set, so every user's workstation would serve its pages on "
+                "the hub's own origin, where a page of one user acts with the login of any user who opens it; "
+                "set it (with wildcard DNS and TLS, deploy/README.md section 8), or set "
+                "c.KubeVirtSpawner.allow_shared_origin = True for a hub whose users all trust each other")
 
     def _check_storage_quota(self):
         """A namespace's storage quota must hold one workstation of every profile while its system

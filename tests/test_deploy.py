@@ -231,6 +231,8 @@ def as_the_chart_runs_it(values: dict, env: dict, monkeypatch) -> Config:
         for name, service in values["hub"].get("services", {}).items()]
     c.JupyterHub.load_roles = [{"name": "user", "scopes": ["self", "read:metrics"]}] + [
         {**role, "name": name} for name, role in values["hub"].get("loadRoles", {}).items()]
+    for section, settings in values["hub"].get("config", {}).items():  # hub.config, before extraConfig
+        c[section].update(settings)
     dockerfile = (DEPLOY / "jupyterhub" / "hub-image" / "Dockerfile").read_text()
     copied = re.search(r"^COPY hub-config/kubevirt_spawner_config.py (\S+)$", dockerfile, re.M).group(1)
     namespace = {"c": c, "open": lambda path, *a: open(FRAGMENT if path == copied else path, *a)}
@@ -245,6 +247,10 @@ def test_the_config_adds_to_the_charts_services_and_roles(rendered, monkeypatch)
     hub by its full DNS name (the chart's hub_connect_url is the short `hub`)."""
     values = yaml.safe_load((rendered / "jupyterhub" / "values.yaml").read_text())
     c = as_the_chart_runs_it(values, {"POD_NAMESPACE": "jupyterhub"}, monkeypatch)
+    # users' pages on subdomains of the public host (issue 30, item 1): the chart starts the proxy
+    # with --host-routing for it (jupyterhub/templates/proxy/deployment.yaml, 4.4.0)
+    assert c.JupyterHub.subdomain_host == "https://jupyter.example.com"
+    assert c.JupyterHub.cookie_host_prefix_enabled is True
     assert [s["name"] for s in c.JupyterHub.services] == ["grafana", "prometheus", SERVICE_NAME, "idle-culler"]
     assert [r["name"] for r in c.JupyterHub.load_roles] == ["user", "workstations-metrics", "workstations-service",
                                                             "idle-culler"]
@@ -298,9 +304,9 @@ def test_the_service_loads_the_hubs_whole_config_in_the_charts_order(rendered, t
     from kubevirt_spawner.service import CONFIG_ENV
     from kubevirt_spawner.service.web import load_hub_config
     values = yaml.safe_load((rendered / "jupyterhub" / "values.yaml").read_text())
-    values["hub"]["config"] = {"KubeVirtSpawner": {"vm_name_template": "{user_server}-machine",
-                                                   "root_disk_size": "80Gi"},  # (the project's default: 150Gi)
-                               "Workstations": {"snapshot_limit": 5}}
+    values["hub"]["config"].update({"KubeVirtSpawner": {"vm_name_template": "{user_server}-machine",
+                                                        "root_disk_size": "80Gi"},  # (the project's default: 150Gi)
+                                    "Workstations": {"snapshot_limit": 5}})
     values["hub"]["extraConfig"]["50-site"] = 'c.KubeVirtSpawner.golden_image = "site-images/golden-2027"\n'
     (tmp_path / "values.json").write_text(json.dumps(values))
     chart = tmp_path / "jupyterhub_config.py"
@@ -414,6 +420,7 @@ def load_hub_config(monkeypatch) -> Config:
     """The production config as the hub image loads it (hub-config/kubevirt_spawner_config.py)."""
     from kubevirt_spawner.service.web import load_hub_config
     monkeypatch.setenv("POD_NAMESPACE", "jupyterhub")
+    monkeypatch.setenv("SUBDOMAIN_HOST", "https://jupyter.example.com")  # (the chart's hub.config sets it)
     return load_hub_config(str(FRAGMENT))
 
 
@@ -562,6 +569,7 @@ def test_every_path_the_product_needs_is_allowed_by_selector(rendered, monkeypat
     values = yaml.safe_load((rendered / "jupyterhub" / "values.yaml").read_text())
     release, hub_ns, user_ns = "jupyterhub", "jupyterhub", "notebook-alice"
     monkeypatch.setenv("POD_NAMESPACE", hub_ns)
+    monkeypatch.setenv("SUBDOMAIN_HOST", "https://jupyter.example.com")
     spawner = KubeVirtSpawner(config=load_hub_config(str(FRAGMENT)))
     ident = names.identity("alice")
     vm = m.virtual_machine(ident, m.MachineSpec(extra_labels=spawner.extra_labels))

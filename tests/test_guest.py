@@ -338,6 +338,7 @@ def test_polls_are_not_activity_actions_are(server, fake):
 def other_servers(tmp_path_factory, fake_service):
     """Servers set up otherwise, started together (each takes seconds to start):
     default: alice@example.org's default server, under a hub at /jhub/;
+    subdomain: alice's, on a subdomain of its own (the hub elsewhere);
     down: nothing listens at its service URL; unconfigured: not started by a hub."""
     # Bound but not listening: connections are refused, and no process started later gets the port.
     closed = socket.socket()
@@ -345,6 +346,10 @@ def other_servers(tmp_path_factory, fake_service):
     envs = {
         "default": hub_env(fake_service.url, server_name="", JUPYTERHUB_USER="alice@example.org",
                            JUPYTERHUB_BASE_URL="/jhub/"),
+        # users' servers on subdomains: JupyterHub gives the hub's public URL (JupyterHub.public_url,
+        # which subdomain_host sets by default; jupyterhub/spawner.py get_env)
+        "subdomain": hub_env(fake_service.url, server_name="", JUPYTERHUB_USER="alice", JUPYTERHUB_BASE_URL="/jhub/",
+                             JUPYTERHUB_PUBLIC_HUB_URL="https://jupyter.example.org/jhub/hub/"),
         "down": hub_env(f"http://127.0.0.1:{closed.getsockname()[1]}{SERVICE_PREFIX}"),
         "unconfigured": {},
     }
@@ -359,6 +364,12 @@ def other_servers(tmp_path_factory, fake_service):
         for s in servers.values():
             s.stop()
         closed.close()
+
+
+def test_with_subdomains_the_rescue_page_is_on_the_hubs_host(other_servers, fake):
+    """Issue 30, item 1: on alice.jupyter.example.org a path alone would stay on her own host."""
+    info = other_servers["subdomain"].request("GET", "workstation/api/info").json()
+    assert info["service_page"] == "https://jupyter.example.org/jhub/services/workstations/workstation/alice"
 
 
 def test_default_server(other_servers, fake):

@@ -3,12 +3,15 @@ passes its own configuration checks, and register the workstations service."""
 
 from pathlib import Path
 
+import pytest
+from traitlets import TraitError
 from traitlets.config.loader import PyFileConfigLoader
 
 from kubevirt_spawner.demo import DEMO_CONFIG
 from kubevirt_spawner.spawner import KubeVirtSpawner
 
 HUB_CONFIG = Path(__file__).resolve().parents[1] / "hub-config"
+PUBLIC = {"SUBDOMAIN_HOST": "https://jupyter.corp.example"}  # users' pages on subdomains of it
 
 
 def load(path: Path, env, monkeypatch):
@@ -26,7 +29,7 @@ def load(path: Path, env, monkeypatch):
 def test_production_config(monkeypatch):
     """The hub's namespace comes from POD_NAMESPACE, which Zero-to-JupyterHub's hub Deployment sets
     from the downward API (jupyterhub/templates/hub/deployment.yaml)."""
-    c = load(HUB_CONFIG / "jupyterhub_config.py", {"POD_NAMESPACE": "hub-prod", "CLUSTER_DOMAIN": "corp.example"},
+    c = load(HUB_CONFIG / "jupyterhub_config.py", {"POD_NAMESPACE": "hub-prod", "CLUSTER_DOMAIN": "corp.example", **PUBLIC},
              monkeypatch)
     assert c.JupyterHub.spawner_class == "kubevirt"
     assert c.JupyterHub.hub_connect_url == "http://hub.hub-prod.svc.corp.example:8081"
@@ -34,6 +37,16 @@ def test_production_config(monkeypatch):
     spawner = KubeVirtSpawner(config=c)
     assert [p["slug"] for p in spawner._profiles()] == ["cpu-4", "gpu-a100-pcie-40gb-1"]
     assert spawner.url_mode == "dns" and spawner.kubeconfig is None and spawner.cluster_domain == "corp.example"
+    # users' pages on their own subdomains, the hub's cookies out of their reach (__Host-)
+    assert c.JupyterHub.subdomain_host == "https://jupyter.corp.example"
+    assert c.JupyterHub.cookie_host_prefix_enabled is True
+
+
+def test_the_production_config_refuses_a_hub_without_subdomains(monkeypatch):
+    """Issue 30, item 1: without subdomains a user's page acts with its visitors' hub logins."""
+    monkeypatch.delenv("SUBDOMAIN_HOST", raising=False)
+    with pytest.raises(TraitError, match="c.JupyterHub.subdomain_host is not set"):
+        load(HUB_CONFIG / "jupyterhub_config.py", {"POD_NAMESPACE": "hub-prod"}, monkeypatch)
 
 
 def test_local_demo_config(monkeypatch, tmp_path):
@@ -71,7 +84,7 @@ def service_registered(c, port: int | None = None):
 
 
 def test_both_configs_register_the_workstations_service(monkeypatch, tmp_path):
-    c = load(HUB_CONFIG / "jupyterhub_config.py", {"POD_NAMESPACE": "hub-prod", "KUBERNETES_SERVICE_HOST": "10.0.0.1",
+    c = load(HUB_CONFIG / "jupyterhub_config.py", {"POD_NAMESPACE": "hub-prod", **PUBLIC, "KUBERNETES_SERVICE_HOST": "10.0.0.1",
                                                    "KUBERNETES_SERVICE_PORT": "443"}, monkeypatch)
     env = service_registered(c)["environment"]
     # In the hub's pod, the service needs what the in-cluster client reads, and what this file reads.
@@ -88,7 +101,7 @@ def test_both_configs_register_the_workstations_service(monkeypatch, tmp_path):
 def test_in_a_cluster_the_service_listens_on_the_hub_pods_address(monkeypatch):
     """In the hub's pod the proxy (its own pod) and the workstations (VMs) reach the service through
     the Service `hub`, not the pod's loopback."""
-    c = load(HUB_CONFIG / "jupyterhub_config.py", {"POD_NAMESPACE": "hub-prod"}, monkeypatch)
+    c = load(HUB_CONFIG / "jupyterhub_config.py", {"POD_NAMESPACE": "hub-prod", **PUBLIC}, monkeypatch)
     [service] = [s for s in c.JupyterHub.services if s["name"] == "workstations"]
     assert service["command"][-4:] == ["--ip", "0.0.0.0", "--port", "10101"]
     assert service["url"] == "http://hub.hub-prod.svc.cluster.local:10101"
@@ -102,7 +115,7 @@ def test_both_configs_run_the_standard_idle_culler_and_the_service_knows_its_pol
     (jupyterhub/jupyterhub-idle-culler README.md, "Permissions"), never deleting users or named
     servers; the workstations service gets the same timeout for the Lab's warning."""
     from kubevirt_spawner.service import CULLER_SCOPES
-    prod = load(HUB_CONFIG / "jupyterhub_config.py", {"POD_NAMESPACE": "hub-prod"}, monkeypatch)
+    prod = load(HUB_CONFIG / "jupyterhub_config.py", {"POD_NAMESPACE": "hub-prod", **PUBLIC}, monkeypatch)
     demo_env = {"KUBEVIRT_DEMO_STATE": str(tmp_path), "KUBEVIRT_DEMO_PORT": "8000", "KUBEVIRT_DEMO_HUB_PORT": "8081",
                 "CONFIGPROXY_API_URL": "http://127.0.0.1:8001", "KUBEVIRT_DEMO_SERVICE_PORT": "8123",
                 "KUBEVIRT_SPAWNER_KUBECONFIG": str(tmp_path / "kubeconfig"), "KUBEVIRT_DEMO_EXTRA_CONFIG": ""}

@@ -97,6 +97,7 @@ def test_a_storage_quota_that_cannot_hold_a_clone_is_refused(quota, profile_root
     quota must hold both disks and that copy, for every profile, or the clone waits on
     ErrExceededQuota until the start times out."""
     c = Config()
+    c.JupyterHub.subdomain_host = "https://jupyter.example.org"
     c.KubeVirtSpawner.root_disk_size = "150Gi"
     c.KubeVirtSpawner.workspace_disk_size = "100Gi"
     c.KubeVirtSpawner.storage_class = "ceph-rbd"
@@ -131,3 +132,16 @@ def test_a_profile_chooses_the_firmware_of_its_golden_image():
     bad = {"slug": "odd", "kubevirt_override": {"firmware": "coreboot"}}
     with pytest.raises(WorkstationError, match="Profile 'odd' has an invalid firmware"):
         spawner._machine_spec(bad)
+
+
+def test_a_hub_without_subdomains_is_refused_unless_an_admin_opts_out():
+    """Issue 30, item 1. Without c.JupyterHub.subdomain_host every user's pages are on the hub's
+    origin (JupyterHub's own security docs: never serve users' HTML there without subdomains)."""
+    c = Config()
+    with pytest.raises(TraitError, match="c.JupyterHub.subdomain_host is not set"):
+        KubeVirtSpawner.validate_config(c)
+    c.KubeVirtSpawner.allow_shared_origin = True  # the documented opt-out
+    KubeVirtSpawner.validate_config(c)
+    subdomains = Config()
+    subdomains.JupyterHub.subdomain_host = "https://jupyter.example.org"
+    KubeVirtSpawner.validate_config(subdomains)
