@@ -112,10 +112,11 @@ class HubSettings:
                    saved["proxy_token"], saved["admin_token"], saved["service_port"], extra_config)
 
 
-def start_proxy(settings: HubSettings, log_path: Path) -> subprocess.Popen:
+def start_proxy(settings: HubSettings, log_path: Path, host_routing: bool = False) -> subprocess.Popen:
+    """The proxy; `host_routing` for a hub with users' subdomains (c.JupyterHub.subdomain_host)."""
     cmd = [find_proxy(), "--ip", "127.0.0.1", "--port", str(settings.port), "--api-ip", "127.0.0.1",
            "--api-port", str(settings.proxy_api_port),
-           "--error-target", f"http://127.0.0.1:{settings.hub_port}/hub/error"]
+           "--error-target", f"http://127.0.0.1:{settings.hub_port}/hub/error", *(["--host-routing"] * host_routing)]
     log = open(log_path, "ab")
     proc = subprocess.Popen(cmd, env=settings.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     log.close()

@@ -22,6 +22,7 @@ from .objects import field_value
 from .operations import refuse_start_during_operation
 from .quantity import format_bytes, parse_quantity
 from .reflector import Caches
+from .service import SERVICE_NAME
 from .workstation import CloneGate, Settings, Workstation, WorkstationError, refusals_explained, wait_synced
 
 TEMPLATE_SETTINGS = {key: f"KubeVirtSpawner.{key}_name_template" for key in names.DEFAULT_TEMPLATES}
@@ -481,7 +482,20 @@ class KubeVirtSpawner(Spawner):
         env["JUPYTERHUB_SERVICE_URL"] = f"http://0.0.0.0:{m.JUPYTER_PORT}{self.server.base_url if self.server else '/'}"
         if self.workstations_url:
             env["KUBEVIRT_WORKSTATIONS_URL"] = self.workstations_url
+        page = self._workstations_page()
+        if page:
+            env["KUBEVIRT_WORKSTATIONS_PAGE"] = page
         return env
+
+    def _workstations_page(self) -> str:
+        """Where a browser finds the workstations service: with subdomains, JupyterHub gives each
+        service a host of its own (NAME--service.HUB, its default subdomain_hook), which the
+        guest cannot know; without, the path under the hub's base URL, which it can."""
+        services = (getattr(self.user, "settings", None) or {}).get("services") or {}
+        service = services.get(SERVICE_NAME)
+        if service is None or not getattr(service, "host", ""):
+            return ""
+        return service.host + service.prefix
 
     async def start(self):
         self._progress = []

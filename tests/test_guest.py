@@ -346,10 +346,10 @@ def other_servers(tmp_path_factory, fake_service):
     envs = {
         "default": hub_env(fake_service.url, server_name="", JUPYTERHUB_USER="alice@example.org",
                            JUPYTERHUB_BASE_URL="/jhub/"),
-        # users' servers on subdomains: JupyterHub gives the hub's public URL (JupyterHub.public_url,
-        # which subdomain_host sets by default; jupyterhub/spawner.py get_env)
+        # users' servers on subdomains: the service has a host of its own, which the spawner passes
         "subdomain": hub_env(fake_service.url, server_name="", JUPYTERHUB_USER="alice", JUPYTERHUB_BASE_URL="/jhub/",
-                             JUPYTERHUB_PUBLIC_HUB_URL="https://jupyter.example.org/jhub/hub/"),
+                             KUBEVIRT_WORKSTATIONS_PAGE="https://workstations--service.jupyter.example.org"
+                                                        "/jhub/services/workstations/"),
         "down": hub_env(f"http://127.0.0.1:{closed.getsockname()[1]}{SERVICE_PREFIX}"),
         "unconfigured": {},
     }
@@ -366,10 +366,12 @@ def other_servers(tmp_path_factory, fake_service):
         closed.close()
 
 
-def test_with_subdomains_the_rescue_page_is_on_the_hubs_host(other_servers, fake):
-    """Issue 30, item 1: on alice.jupyter.example.org a path alone would stay on her own host."""
+def test_with_subdomains_the_rescue_page_is_on_the_services_host(other_servers, fake):
+    """Issue 30, item 1: on alice.jupyter.example.org a path alone would stay on her own host; the
+    service is on a host of its own (JupyterHub's subdomain_hook: NAME--service.HUB)."""
     info = other_servers["subdomain"].request("GET", "workstation/api/info").json()
-    assert info["service_page"] == "https://jupyter.example.org/jhub/services/workstations/workstation/alice"
+    assert info["service_page"] == \
+        "https://workstations--service.jupyter.example.org/jhub/services/workstations/workstation/alice"
 
 
 def test_default_server(other_servers, fake):

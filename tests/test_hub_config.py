@@ -169,3 +169,23 @@ def test_the_default_check_interval_is_never_longer_than_the_timeout():
         c = Config()
         register_idle_culler(c, timeout=timeout, warn_before=10)
         assert c.Workstations.idle_cull_every == every
+
+
+def test_with_subdomains_a_workstation_is_told_where_the_service_is(monkeypatch):
+    """Issue 30, item 1. With subdomain_host JupyterHub gives each service a host of its own
+    (jupyterhub/app.py: subdomain_hook(name, domain, kind="service"), by default NAME--service.HUB),
+    which the guest cannot work out: the spawner passes the service's public URL, so the Lab
+    panel's links reach it. Without subdomains nothing is passed (the path under the hub's base URL)."""
+    import types
+
+    from jupyterhub.app import JupyterHub
+    from jupyterhub.utils import subdomain_hook_idna
+    service = types.SimpleNamespace(host="https://" + subdomain_hook_idna("workstations", "jupyter.example.org",
+                                                                             "service"),
+                                    prefix="/services/workstations/")
+    settings = {"services": {"workstations": service}}
+    spawner = KubeVirtSpawner(user=types.SimpleNamespace(name="alice", url="/user/alice/", settings=settings))
+    assert spawner._workstations_page() == "https://workstations--service.jupyter.example.org/services/workstations/"
+    service.host = ""  # no subdomains
+    assert spawner._workstations_page() == ""
+    assert "subdomain_hook" in JupyterHub.class_traits()  # (the hook the service's host comes from)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import quote
 
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
@@ -55,7 +55,7 @@ class WorkstationGuest(LoggingConfigurable):
     server_name = Unicode()
     api_token = Unicode()
     hub_base_url = Unicode()
-    public_hub_url = Unicode()  # the hub's own public URL, which JupyterHub gives when it knows it
+    service_page_url = Unicode()  # the service's own public URL, when it has a host of its own
 
     @default("service_url")
     def _default_service_url(self) -> str:
@@ -73,9 +73,9 @@ class WorkstationGuest(LoggingConfigurable):
     def _default_api_token(self) -> str:
         return os.environ.get("JUPYTERHUB_API_TOKEN", "")
 
-    @default("public_hub_url")
-    def _default_public_hub_url(self) -> str:
-        return os.environ.get("JUPYTERHUB_PUBLIC_HUB_URL", "")
+    @default("service_page_url")
+    def _default_service_page_url(self) -> str:
+        return os.environ.get("KUBEVIRT_WORKSTATIONS_PAGE", "")  # (set by the spawner)
 
     @default("hub_base_url")
     def _default_hub_base_url(self) -> str:
@@ -94,14 +94,12 @@ class WorkstationGuest(LoggingConfigurable):
 
     @property
     def service_page(self) -> str:
-        """The service's public rescue page of this workstation (works while it is down, too), on
-        the hub's host: with subdomains (each user's servers on a host of their own) a path alone
-        would stay on this server's host, where the proxy routes nothing of the hub's."""
-        path = url_path_join(self.hub_base_url, "services", SERVICE_NAME, "workstation", self.workstation())
-        if not self.public_hub_url:
-            return path
-        hub = urlsplit(self.public_hub_url)
-        return urlunsplit((hub.scheme, hub.netloc, path, "", ""))
+        """The service's public rescue page of this workstation (works while it is down, too). With
+        subdomains the service has a host of its own (which the spawner passes): a path alone
+        would stay on this server's host, where the proxy routes nothing of the service's."""
+        if self.service_page_url:
+            return url_path_join(self.service_page_url, "workstation", self.workstation())
+        return url_path_join(self.hub_base_url, "services", SERVICE_NAME, "workstation", self.workstation())
 
     def api_url(self, path: str) -> str:
         return self.service_url.rstrip("/") + "/api/v1/workstations/" + self.workstation() + path

@@ -370,7 +370,11 @@ async def serve(port: int, config_path: str | None = None, ip: str = "127.0.0.1"
     hub = Hub(os.environ["JUPYTERHUB_API_URL"], os.environ["JUPYTERHUB_API_TOKEN"], log)
     core = Workstations(hub, config=config, log=log)
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", f"/services/{SERVICE_NAME}/")
-    app = make_app(core, prefix, os.environ.get("JUPYTERHUB_BASE_URL", "/").rstrip("/") + "/hub/")
+    # The hub's pages (the spawn page the rescue page links to): with subdomains this service has a
+    # host of its own, where the hub's login cookie is not sent, so the hub's own URL.
+    hub_prefix = os.environ.get("JUPYTERHUB_PUBLIC_HUB_URL") or os.environ.get("JUPYTERHUB_BASE_URL", "/").rstrip(
+        "/") + "/hub/"
+    app = make_app(core, prefix, hub_prefix)
     app.listen(port, ip, max_body_size=MAX_READ_BYTES)
     log.info("workstations service on %s:%d%s (hub config %s)", ip, port, prefix, path)
     background = [asyncio.ensure_future(core.report_keepalives()), asyncio.ensure_future(core.resume_interrupted())]

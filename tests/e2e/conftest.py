@@ -51,18 +51,23 @@ ROOT_DISK_ONLY = 'c.KubeVirtSpawner.workspace_disk_size = ""\n'
 class Hub:
     """One JupyterHub (restartable) behind one proxy, against one simulator."""
 
-    def __init__(self, state_dir: Path, sim, extra_config: str = ""):
+    def __init__(self, state_dir: Path, sim, extra_config: str = "", subdomains: bool = False):
+        """`subdomains`: users' servers on subdomains of hub.localhost (which browsers map to this
+        machine; the C library, and so the tests' HTTP clients, does not): `public_url`."""
         self.sim = sim
         self.state_dir = state_dir
         extra = state_dir / "extra_config.py"
         state_dir.mkdir(parents=True, exist_ok=True)
-        extra.write_text(extra_config)
         # The hub runs as Zero-to-JupyterHub's `hub` ServiceAccount with exactly deploy/rbac/.
         self.kubeconfig = hub_kubeconfig(sim, state_dir / "hub.kubeconfig")
         self.settings = demo.HubSettings.create(state_dir, self.kubeconfig, extra_config=str(extra))
+        self.public_url = f"http://hub.localhost:{self.settings.port}" if subdomains else self.settings.url
+        if subdomains:
+            extra_config += f"\nc.JupyterHub.subdomain_host = {self.public_url!r}\n"
+        extra.write_text(extra_config)
         self.log_dir = state_dir / "logs"
         self.log_dir.mkdir(exist_ok=True)
-        self.proxy = demo.start_proxy(self.settings, self.log_dir / "proxy.log")
+        self.proxy = demo.start_proxy(self.settings, self.log_dir / "proxy.log", host_routing=subdomains)
         self.proc = None
         self.http = requests.Session()
         self.http.headers["Authorization"] = f"token {self.settings.admin_token}"
