@@ -29,7 +29,10 @@ names=(KUBEVIRT_VERSION CDI_VERSION KUBEVIRT_NODE_LABEL ACCELERATOR_LABEL GPU_DE
        STORAGE_CLASS CEPH_CLUSTER_ID CEPH_POOL CEPH_CSI_SECRET CEPH_CSI_SECRET_NAMESPACE SNAPSHOT_CLASS
        GOLDEN_NAMESPACE GOLDEN_IMAGE GOLDEN_IMAGE_URL GOLDEN_IMAGE_SIZE GOLDEN_IMAGE_FIRMWARE
        HUB_NAMESPACE HUB_RELEASE HUB_IMAGE HUB_IMAGE_TAG PUBLIC_HOSTNAME OIDC_ISSUER OIDC_CLIENT_ID
-       USER_NAMESPACE_PREFIX CLUSTER_DOMAIN)
+       USER_NAMESPACE_PREFIX CLUSTER_DOMAIN VM_EXTRA_LABEL_PREFIXES VM_EXTRA_ANNOTATION_PREFIXES
+       VM_EXTRA_TOLERATION_KEYS)
+# (these may be empty; they must still be set)
+optional=(GPU_DEVICES VM_EXTRA_LABEL_PREFIXES VM_EXTRA_ANNOTATION_PREFIXES VM_EXTRA_TOLERATION_KEYS)
 # Only the settings file decides: no value leaks in from the caller's environment.
 unset "${names[@]}"
 set -a
@@ -39,7 +42,7 @@ set +a
 missing=()
 for name in "${names[@]}"; do
   # (GPU_DEVICES may be empty: a cluster without GPU passthrough; it must still be set)
-  if [ "$name" = GPU_DEVICES ]; then [ -n "${GPU_DEVICES+set}" ] || missing+=("$name"); continue; fi
+  if [[ " ${optional[*]} " == *" $name "* ]]; then [ -n "${!name+set}" ] || missing+=("$name"); continue; fi
   [ -n "${!name:-}" ] || missing+=("$name")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -83,8 +86,26 @@ done
 KUBEVIRT_PCI_HOST_DEVICES_JSON="[$(IFS=','; echo "${devices[*]}")]"
 # the same resource names as a CEL list, for the admission policy's check of a VM's GPUs
 GPU_RESOURCE_NAMES_CEL="[$(IFS=','; echo "${gpu_names[*]}")]"
-export KUBEVIRT_FEATURE_GATES_JSON KUBEVIRT_PCI_HOST_DEVICES_JSON GPU_RESOURCE_NAMES_CEL
-names+=(KUBEVIRT_FEATURE_GATES_JSON KUBEVIRT_PCI_HOST_DEVICES_JSON GPU_RESOURCE_NAMES_CEL)
+# What the admission policy lets a VM's template give its launcher pod beyond this project's own:
+# space-separated words as CEL lists of strings
+cel_list() {
+  local words=() word
+  for word in $1; do
+    if ! [[ "$word" =~ ^[A-Za-z0-9./_-]+$ ]]; then
+      echo "render.sh: $2 entry '$word' is not a label key or prefix (letters, digits, '.', '/', '_', '-')" >&2
+      exit 2
+    fi
+    words+=("'$word'")
+  done
+  echo "[$(IFS=','; echo "${words[*]}")]"
+}
+VM_EXTRA_LABEL_PREFIXES_CEL="$(cel_list "$VM_EXTRA_LABEL_PREFIXES" VM_EXTRA_LABEL_PREFIXES)"
+VM_EXTRA_ANNOTATION_PREFIXES_CEL="$(cel_list "$VM_EXTRA_ANNOTATION_PREFIXES" VM_EXTRA_ANNOTATION_PREFIXES)"
+VM_EXTRA_TOLERATION_KEYS_CEL="$(cel_list "$VM_EXTRA_TOLERATION_KEYS" VM_EXTRA_TOLERATION_KEYS)"
+export KUBEVIRT_FEATURE_GATES_JSON KUBEVIRT_PCI_HOST_DEVICES_JSON GPU_RESOURCE_NAMES_CEL \
+  VM_EXTRA_LABEL_PREFIXES_CEL VM_EXTRA_ANNOTATION_PREFIXES_CEL VM_EXTRA_TOLERATION_KEYS_CEL
+names+=(KUBEVIRT_FEATURE_GATES_JSON KUBEVIRT_PCI_HOST_DEVICES_JSON GPU_RESOURCE_NAMES_CEL
+        VM_EXTRA_LABEL_PREFIXES_CEL VM_EXTRA_ANNOTATION_PREFIXES_CEL VM_EXTRA_TOLERATION_KEYS_CEL)
 
 shell_format=""
 for name in "${names[@]}"; do shell_format+="\${$name} "; done

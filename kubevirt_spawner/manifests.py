@@ -346,10 +346,18 @@ def snapshot_consistency(snapshot: dict) -> str | None:
     return "crash-consistent"
 
 
-def retained_patch(retain_until: str) -> dict:
-    """Merge patch that marks a disk as kept after its workstation was deleted."""
-    return {"metadata": {"labels": {LABEL_RETAINED: "true"},
-                         "annotations": {ANNOTATION_RETAIN_UNTIL: retain_until}}}
+def retained_patch(retain_until: str, user_created: str = "") -> dict:
+    """Merge patch that marks a disk as kept after its workstation was deleted (by the account
+    made at `user_created`, when known)."""
+    annotations = {ANNOTATION_RETAIN_UNTIL: retain_until}
+    if user_created:
+        annotations[ANNOTATION_USER_CREATED] = user_created
+    return {"metadata": {"labels": {LABEL_RETAINED: "true"}, "annotations": annotations}}
+
+
+def account_patch(user_created: str) -> dict:
+    """Merge patch that records the account a disk belongs to (made at `user_created`)."""
+    return {"metadata": {"annotations": {ANNOTATION_USER_CREATED: user_created}}}
 
 
 def reclaim_patch(policy: str) -> dict:

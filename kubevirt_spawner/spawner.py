@@ -85,8 +85,13 @@ class KubeVirtSpawner(Spawner):
         A profile may override it along with its golden_image.""")
     ports = Dict(value_trait=Integer(), default_value={"ssh": 22, "code-server": 8080, "jupyterlab": m.JUPYTER_PORT},
                  config=True, help="Ports the VM's interface and the Service expose, as {name: port}; 8888 is Jupyter.")
-    extra_labels = Dict(config=True, help="Extra labels on every object of a workstation.")
-    extra_annotations = Dict(config=True, help="Extra annotations on every object of a workstation.")
+    extra_labels = Dict(config=True, help="""
+        Extra labels on every object of a workstation. The hub's admission policy lets a VM's
+        template (whose labels its launcher pod gets) carry only this project's, Zero-to-JupyterHub's
+        network-access ones and those deploy/settings.env's VM_EXTRA_LABEL_PREFIXES lists.""")
+    extra_annotations = Dict(config=True, help="""
+        Extra annotations on every object of a workstation; on a VM's template only those
+        deploy/settings.env's VM_EXTRA_ANNOTATION_PREFIXES lists pass the hub's admission policy.""")
 
     # ---------------------------------------------------------------- a user's namespace
     network_policy_ingress_from = List(Dict(), config=True, help="""
@@ -331,9 +336,11 @@ class KubeVirtSpawner(Spawner):
                 workspace=claims.get("workspace") or ident.workspace,
                 secret=(volumes.get(m.ENV_DISK_SERIAL) or {}).get("secret", {}).get("secretName") or ident.secret,
                 service=service)
-        for dv in caches.dvs.values():  # no machine: a kept system disk
-            if m.belongs_to(dv, user, server) and (dv["metadata"].get("labels") or {}).get(m.LABEL_COMPONENT) == "rootdisk":
-                return dataclasses.replace(self._identity_from(dv), rootdisk=dv["metadata"]["name"])
+        for disk in (*caches.dvs.values(), *caches.pvcs.values()):  # no machine: a kept system disk
+            # (its PVC carries the DataVolume's labels and annotations, and may be all that is left)
+            if m.belongs_to(disk, user, server) and (disk["metadata"].get("labels") or {}).get(
+                    m.LABEL_COMPONENT) == "rootdisk":
+                return dataclasses.replace(self._identity_from(disk), rootdisk=disk["metadata"]["name"])
         return None
 
     def _identity_from(self, obj: dict) -> m.Identity:
@@ -474,6 +481,8 @@ class KubeVirtSpawner(Spawner):
         super().load_state(state)
         if state.get("workstation"):
             self._ident = m.Identity.from_state(state["workstation"])
+            if not self._ident.user_created:  # (a state saved before the time was recorded)
+                self._ident = dataclasses.replace(self._ident, user_created=self._user_created())
             self._current = None
 
     # ---------------------------------------------------------------- lifecycle

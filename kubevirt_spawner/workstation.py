@@ -189,8 +189,8 @@ class Workstation:
     def service(self) -> dict | None:
         return self._mine(self.caches.services.get(self.ident.namespace, self.ident.service))
 
-    def _refuse_foreign(self):
-        """Before any action: no object under this workstation's names may be another's."""
+    def _foreign_object(self) -> dict | None:
+        """An object under this workstation's names that is another's, if there is one."""
         ident = self.ident
         named = ((self.caches.vms, ident.vm), (self.caches.vmis, ident.vm), (self.caches.dvs, ident.rootdisk),
                  (self.caches.pvcs, ident.rootdisk), (self.caches.dvs, ident.workspace),
@@ -199,10 +199,17 @@ class Workstation:
             obj = cache.get(ident.namespace, name)
             if obj is not None and self._mine(obj) is None:
                 theirs = obj["metadata"].get("annotations") or {}
-                self.log.warning("%s %s/%s belongs to another workstation (user %r, server %r): nothing done",
+                self.log.warning("%s %s/%s belongs to another workstation (user %r, server %r): left alone",
                                  obj.get("kind") or "object", ident.namespace, name,
                                  theirs.get(m.ANNOTATION_USERNAME), theirs.get(m.ANNOTATION_SERVERNAME, ""))
-                raise name_taken(obj)
+                return obj
+        return None
+
+    def _refuse_foreign(self):
+        """Before any action: no object under this workstation's names may be another's."""
+        foreign = self._foreign_object()
+        if foreign is not None:
+            raise name_taken(foreign)
 
     def status(self) -> str:
         """running | starting | stopped | failed | lost (a VMI on a node that stopped answering)."""
@@ -343,33 +350,44 @@ class Workstation:
 
     async def _unretire(self):
         """A user who comes back before the retention ends gets their kept disks back. An account
-        made again under the same name (another creation time, or none recorded) may be another
-        person: it gets them only once an administrator has confirmed it, by setting
-        ANNOTATION_CONFIRMED_FOR on each disk to the new account's creation time."""
-        kept = []
+        made again under the same name (another creation time, or none recorded: disks kept before
+        the time was recorded) may be another person: it gets them only once an administrator has
+        confirmed it, by setting ANNOTATION_CONFIRMED_FOR on each disk to the new account's
+        creation time. Disks in use that lack the account's time get it (made before it was
+        recorded, or by the workstations service, which does not know it)."""
+        kept, unstamped = [], []
         for cache, kind in ((self.caches.dvs, k.DV), (self.caches.pvcs, k.PVC)):
             for name in (self.ident.rootdisk, self.ident.workspace):
                 obj = self._mine(cache.get(self.ident.namespace, name))
-                if obj is not None and m.LABEL_RETAINED in (obj["metadata"].get("labels") or {}):
+                if obj is None:
+                    continue
+                if m.LABEL_RETAINED in (obj["metadata"].get("labels") or {}):
                     kept.append((kind, obj))
-        for kind, obj in kept:  # all checked before any is taken back
-            self._refuse_earlier_accounts(kind, obj)
+                elif self.ident.user_created and m.ANNOTATION_USER_CREATED not in (obj["metadata"].get("annotations")
+                                                                                   or {}):
+                    unstamped.append((kind, obj))
+        self._refuse_earlier_accounts(kept)  # all checked before any is taken back
         for kind, obj in kept:
             await self.kube.patch(kind, self.ident.namespace, obj["metadata"]["name"],
                                   m.unretained_patch(self.ident.user_created))
             self.log.info("%s %s is in use again: no longer marked as retained", kind.kind, obj["metadata"]["name"])
+        for kind, obj in unstamped:
+            await self.kube.patch(kind, self.ident.namespace, obj["metadata"]["name"], m.account_patch(
+                self.ident.user_created))
 
-    def _refuse_earlier_accounts(self, kind: k.Kind, disk: dict):
+    def _refuse_earlier_accounts(self, kept: list[tuple[k.Kind, dict]]):
         created = self.ident.user_created
-        annotations = disk["metadata"].get("annotations") or {}
-        if not created or created in (annotations.get(m.ANNOTATION_USER_CREATED),
-                                      annotations.get(m.ANNOTATION_CONFIRMED_FOR)):
+        earlier = [(kind, disk) for kind, disk in kept if created and created not in (
+            (disk["metadata"].get("annotations") or {}).get(m.ANNOTATION_USER_CREATED),
+            (disk["metadata"].get("annotations") or {}).get(m.ANNOTATION_CONFIRMED_FOR))]
+        if not earlier:
             return
-        name = f"{self.ident.namespace}/{disk['metadata']['name']}"
-        self.log.warning("%s %s was kept from an account %r made at %s, not this one (made at %s): an "
-                         "administrator confirms it is theirs with: kubectl annotate -n %s %s %s %s=%s",
-                         kind.kind, name, self.ident.user, annotations.get(m.ANNOTATION_USER_CREATED, "an unknown time"),
-                         created, self.ident.namespace, kind.plural, disk["metadata"]["name"],
+        made = sorted({(d["metadata"].get("annotations") or {}).get(m.ANNOTATION_USER_CREATED, "an unknown time")
+                       for _, d in earlier})
+        disks = " ".join(f"{kind.plural}/{disk['metadata']['name']}" for kind, disk in earlier)
+        self.log.warning("disks kept from an account %r made at %s, not this one (made at %s): an administrator "
+                         "confirms they are this account's with: kubectl annotate -n %s %s %s=%s",
+                         self.ident.user, ", ".join(made), created, self.ident.namespace, disks,
                          m.ANNOTATION_CONFIRMED_FOR, created)
         raise WorkstationError(
             f"Disks kept from an earlier account named {self.ident.user} wait in {self.ident.namespace}, and your "
@@ -979,11 +997,14 @@ class Workstation:
     async def _retire(self) -> list[str]:
         ident = self.ident
         await wait_synced(self.caches, self.log, self.settings.stop_timeout)
-        self._refuse_foreign()
-        await self.stop(now=True)
+        # Under names another workstation has taken (a forced slug collision) the machine, its
+        # Service and Secret are the other's: an account deleted keeps only what is its own.
+        foreign = self._foreign_object()
+        if foreign is None:
+            await self.stop(now=True)
         until = (datetime.now(timezone.utc) + timedelta(days=self.settings.retention_days)).strftime(
             "%Y-%m-%dT%H:%M:%SZ")
-        patch = m.retained_patch(until)
+        patch = m.retained_patch(until, self.ident.user_created)
         kept = []
         selector = f"{m.LABEL_WORKSTATION}={ident.slug}"
         for kind in (k.DV, k.PVC, SNAPSHOT):
@@ -999,7 +1020,8 @@ class Workstation:
                 await self.kube.patch(kind, ident.namespace, obj["metadata"]["name"], patch)
                 kept.append(f"{kind.kind}/{obj['metadata']['name']}")
         for kind, name in ((k.VM, ident.vm), (k.SERVICE, ident.service), (k.SECRET, ident.secret)):
-            await self.kube.delete(kind, ident.namespace, name)
+            if foreign is None:
+                await self.kube.delete(kind, ident.namespace, name)
         self.log.info("retired %s; kept %s until %s", ident.vm, ", ".join(kept) or "nothing", until)
         return kept
 

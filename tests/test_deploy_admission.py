@@ -93,6 +93,13 @@ class Policy:
         return Verdict(True, True)
 
 
+def rendered_policy(out, settings=None) -> Policy:
+    extra = ["--settings", str(settings)] if settings else []
+    subprocess.run(["bash", str(REPO / "deploy" / "render.sh"), "--out", str(out), *extra], check=True,
+                   capture_output=True)
+    return Policy(list(yaml.safe_load_all((out / "guardrails" / "hub-admission-policy.yaml").read_text()))[0])
+
+
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory) -> Policy:
     out = tmp_path_factory.mktemp("rendered")
@@ -371,8 +378,10 @@ OTHER = names.identity("Alice.Smith")  # the same user's default server: another
     _restore(target={"apiGroup": "kubevirt.io", "kind": "VirtualMachine", "name": OTHER.vm}),
     _restore(target={"kind": "VirtualMachine", "name": IDENT.vm}),
     _restore(virtualMachineSnapshotName=m.snapshot_object_name(OTHER, "before-cuda")),
+    # a neighbour in a shared namespace, bob-x's "y", is no old-style snapshot of bob's
+    _restore(virtualMachineSnapshotName=f"{IDENT.slug}-x.y"),
 ], ids=["patches-new-target", "patches", "volume-overrides", "no-policy", "not-in-place", "another-vm",
-        "no-api-group", "another-workstations-snapshot"])
+        "no-api-group", "another-workstations-snapshot", "a-neighbours-snapshot"])
 def test_a_restore_of_the_hub_puts_its_own_vm_back_in_place_and_nothing_else(policy, restore):
     """Issue 30, item 3: the policy checked a restore's labels and namespace only."""
     verdict = create(policy, restore)
@@ -408,12 +417,12 @@ def _container_disk(vm, value):
 @pytest.mark.parametrize("change,value,words", [
     # copied to the virt-launcher pod: a hook sidecar runs any image beside QEMU; a Multus network
     (_template("annotations"), {"hooks.kubevirt.io/hookSidecars": '[{"image": "evil/sidecar"}]'},
-     "annotations of kubevirt-spawner.io/ only"),
+     "annotations of kubevirt-spawner.io/ and VM_EXTRA_ANNOTATION_PREFIXES [] only"),
     (_template("annotations"), {"k8s.v1.cni.cncf.io/networks": "payroll/net"}, "annotations of kubevirt-spawner.io/"),
     (_template("labels"), {"role": "payroll-db-client"}, "labels of kubevirt-spawner.io/"),
     (_template_spec("tolerations"), [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists",
-                                       "effect": "NoSchedule"}], "tolerates the taint workload.example.com/kubevirt only"),
-    (_template_spec("tolerations"), [{"operator": "Exists"}], "tolerates the taint workload.example.com/kubevirt only"),
+                                       "effect": "NoSchedule"}], "tolerates the taints workload.example.com/kubevirt and VM_EXTRA_TOLERATION_KEYS [] only"),
+    (_template_spec("tolerations"), [{"operator": "Exists"}], "tolerates the taints workload.example.com/kubevirt and VM_EXTRA_TOLERATION_KEYS [] only"),
     (_template_spec("priorityClassName"), "system-node-critical", "no priority class"),
     (_spec("instancetype"), {"kind": "VirtualMachineClusterInstancetype", "name": "gpu-passthrough"},
      "instancetype or preference"),
@@ -431,6 +440,10 @@ def test_a_vm_template_gives_the_launcher_pod_nothing_but_the_spawners(policy, c
     assert not update(policy, m.virtual_machine(IDENT, SPEC), vm).allowed
 
 
+def test_a_snapshot_named_before_the_dot_is_restored(policy):
+    assert create(policy, _restore(virtualMachineSnapshotName=f"{IDENT.slug}-before-cuda")) == Verdict(True, True)
+
+
 def test_the_spawners_placement_passes(policy):
     """The profile placement the project documents (the workstation nodes' taint) passes."""
     placed = dataclasses.replace(SPEC, node_selector={"workload.example.com/kubevirt": "true"},
@@ -438,3 +451,20 @@ def test_the_spawners_placement_passes(policy):
                                                "effect": "NoSchedule"},),
                                  extra_annotations={"kubevirt-spawner.io/cost-centre": "physics"})
     assert create(policy, m.virtual_machine(IDENT, placed)) == Verdict(True, True)
+
+
+def test_a_sites_own_labels_annotations_and_taints_pass_once_listed(tmp_path, policy):
+    """Profiles may add labels, annotations and tolerations (extra_labels, extra_annotations,
+    tolerations): the policy refuses them until deploy/settings.env lists them."""
+    site = dataclasses.replace(SPEC, extra_labels={"example.com/team": "physics"},
+                               extra_annotations={"example.com/cost-centre": "42"},
+                               tolerations=({"key": "example.com/gpu-pool", "operator": "Exists"},))
+    assert not create(policy, m.virtual_machine(IDENT, site)).allowed
+    settings = tmp_path / "site.env"
+    text = (REPO / "deploy" / "settings.env").read_text()
+    for name, value in (("VM_EXTRA_LABEL_PREFIXES", "example.com/"), ("VM_EXTRA_ANNOTATION_PREFIXES", "example.com/"),
+                        ("VM_EXTRA_TOLERATION_KEYS", "example.com/gpu-pool")):
+        text = text.replace(f'{name}=""', f'{name}="{value}"')
+    settings.write_text(text)
+    listed = rendered_policy(tmp_path / "out", settings)
+    assert create(listed, m.virtual_machine(IDENT, site)) == Verdict(True, True)

@@ -1084,10 +1084,10 @@ async def test_a_forced_slug_collision_gives_the_second_account_nothing_of_the_f
         await second.start({"JUPYTERHUB_API_TOKEN": "attacker-token"}, [])
     for action in (lambda: second.stop(now=True), lambda: second.take_snapshot("x"),
                    lambda: second.restore_snapshot("mine", "r1"), second.delete_root_disk,
-                   second.clone_root_disk, lambda: second.delete_snapshot("mine"), second.retire,
-                   second.ensure_halted):
+                   second.clone_root_disk, lambda: second.delete_snapshot("mine"), second.ensure_halted):
         with user_error("name-taken", refused):
             await action()
+    assert await second.retire() == []  # (an admin deleting the second account: it had nothing)
     assert writes(diff(before, counts(env.sim))) == {}
     assert {(kind.kind, name): (await env.admin.get(kind, ns, name))["metadata"]["resourceVersion"]
             for kind, name in theirs} == versions
@@ -1286,6 +1286,9 @@ async def test_a_workstations_own_token_may_not_delete_its_snapshots(env, wsim):
             await strict.restore(servers_token, "tess", "", "keep", True)
         with pytest.raises(ServiceError, match="may not reset the system"):
             await strict.reset(servers_token, "tess", "", "tess")
+        unsafe = Workstations(hub=None, config=c, log=LOG, safety_snapshot=False)  # nothing would undo it
+        with pytest.raises(ServiceError, match="may not restore a snapshot"):
+            await unsafe.restore(servers_token, "tess", "", "keep", True)
         with pytest.raises(TraitError, match="wipe is not one of"):
             Workstations(hub=None, config=c, log=LOG, server_token_actions=["wipe"])
         await service.delete_snapshot(Caller(name="tess", admin=False), "tess", "", "keep")  # the owner's login
@@ -1295,3 +1298,27 @@ async def test_a_workstations_own_token_may_not_delete_its_snapshots(env, wsim):
             shared["caches"].stop()
         await forget_shared()
         await ws.stop()
+
+
+async def test_disks_in_use_get_the_accounts_time_and_keep_it_when_kept(env):
+    """Disks made before the account's time was recorded (or by the service, which does not know
+    it) get it at their next start from the hub, and keep it when the server is deleted: the same
+    account that makes the server again gets them back without an administrator."""
+    old = workstation(env, "uma")  # no time known
+    await old.start({}, [])
+    await old.stop()
+    made = "2026-02-03T04:05:06"
+    known = Workstation(env.kube, env.caches, names.identity("uma", user_created=made), m.MachineSpec(),
+                        Settings(url_mode="cluster-ip"), LOG)
+    await known.start({}, [])
+    for kind in (k.DV, k.PVC):
+        disk = await env.admin.get(kind, known.ident.namespace, known.ident.rootdisk)
+        assert disk["metadata"]["annotations"][m.ANNOTATION_USER_CREATED] == made, kind
+    await known.retire()
+    await env.caches.wait_for(lambda: known.vm is None, 10)
+    disk = await env.admin.get(k.DV, known.ident.namespace, known.ident.rootdisk)
+    assert disk["metadata"]["annotations"][m.ANNOTATION_USER_CREATED] == made
+    again = Workstation(env.kube, env.caches, names.identity("uma", user_created=made), m.MachineSpec(),
+                        Settings(url_mode="cluster-ip"), LOG)
+    await again.start({}, [])
+    await again.stop()

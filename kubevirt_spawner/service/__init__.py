@@ -46,8 +46,10 @@ def register(c, config_file: str | None = None, port: int = 10101, ip: str = "12
     SERVICE_SCOPES. The service listens on `ip`:`port`; the proxy and the workstations' Lab
     panels reach it at `host` (default `ip`): in a cluster, the hub pod's Service name with
     `ip="0.0.0.0"`."""
-    # (JupyterHub sets the service's own JUPYTERHUB_* over these)
-    env = {name: value for name, value in os.environ.items() if not SECRET_NAME.search(name)}
+    # (not JupyterHub's own JUPYTERHUB_* of the hub's process: a service's environment goes over
+    # what JupyterHub sets for the service, jupyterhub/spawner.py get_env)
+    env = {name: value for name, value in os.environ.items()
+           if not SECRET_NAME.search(name) and not name.startswith("JUPYTERHUB_")}
     env[CONFIG_ENV] = os.path.abspath(config_file) if config_file else hub_config_file()
     services = list(c.JupyterHub.services) if "services" in c.JupyterHub else []
     url = f"http://{host or ip}:{port}"

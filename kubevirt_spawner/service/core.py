@@ -189,7 +189,10 @@ class Workstations(LoggingConfigurable):
     def refuse_server_token(self, caller: Caller, action: str):
         """The owner's own login, or a token of theirs that is not a workstation's, for what
         `server_token_actions` keeps from a workstation's token."""
-        if caller.servers is not None and action not in self.server_token_actions:
+        allowed = set(self.server_token_actions)
+        if not self.safety_snapshot:
+            allowed -= {"restore", "reset"}  # (no safety snapshot: nothing would undo them)
+        if caller.servers is not None and action not in allowed:
             raise ServiceError(403, f"A workstation's own token may not {SERVER_TOKEN_ACTIONS[action]} (anyone with "
                                     "a terminal in the workstation can read it); do it on the workstations page, "
                                     "logged in as yourself.")

