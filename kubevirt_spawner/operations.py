@@ -160,6 +160,7 @@ class Operations:
         self.ws.snapshot_for_restore(snapshot)  # exists and is ready, or the sentence why not
         steps = (["snapshot"] if self.safety_snapshot else []) + ["stop", "restore", "start"]
         op = Operation("restore", steps, by, snapshot=snapshot, was_running=await self.server.running())
+        self._name_safety_snapshot(op)
         await self._save(op)
         return op
 
@@ -168,8 +169,15 @@ class Operations:
         self.check_idle()
         steps = (["snapshot"] if self.safety_snapshot else []) + ["stop", "delete-disk", "clone-disk", "start"]
         op = Operation("reset", steps, by, was_running=await self.server.running())
+        self._name_safety_snapshot(op)
         await self._save(op)
         return op
+
+    def _name_safety_snapshot(self, op: Operation):
+        """Named at the start, so that the service counts it against the user's limit at once."""
+        if self.safety_snapshot:
+            op.safety = f"before-{op.kind}-{_stamp()}"
+            op.safety_object = m.snapshot_object_name(self.ws.ident, op.safety)
 
     async def run(self, op: Operation) -> Operation:
         """Carry out the steps from the one under way (each may be repeated after an interruption);
@@ -223,9 +231,8 @@ class Operations:
 
     # ---------------------------------------------------------------- steps
     async def _step_snapshot(self, op: Operation):
-        if not op.safety:
-            op.safety = f"before-{op.kind}-{_stamp()}"
-            op.safety_object = m.snapshot_object_name(self.ws.ident, op.safety)
+        if not op.safety:  # (an operation recorded by a version that named it here)
+            self._name_safety_snapshot(op)
             await self._save(op)  # the name first, so a restarted run finds the snapshot it took
         what = f"restoring {op.snapshot}" if op.kind == "restore" else "a system reset"
         await self.ws.take_snapshot(op.safety, note=f"taken automatically before {what}",

@@ -1322,3 +1322,48 @@ async def test_disks_in_use_get_the_accounts_time_and_keep_it_when_kept(env):
                         Settings(url_mode="cluster-ip"), LOG)
     await again.start({}, [])
     await again.stop()
+
+
+class StoppedHub:
+    """The hub's side of an operation, for the service without a hub: every server is stopped."""
+
+    async def running(self, user: str, server: str) -> bool:
+        return False
+
+    async def stop(self, user: str, server: str, timeout: float):
+        pass
+
+    async def start(self, user: str, server: str):
+        pass
+
+
+async def test_concurrent_restores_cannot_pass_the_users_limit_with_their_safety_snapshots(env, wsim):
+    """Issue 30, item 5: a restore's safety snapshot counts from the moment it is asked for. With
+    3 of 4 snapshots taken, restores of three of the user's servers at once leave room for one
+    safety snapshot: one begins, two are refused (before, each saw 3 of 4 and all three began)."""
+    from kubevirt_spawner.service.core import Caller, ServiceError, Workstations
+    machines = [Workstation(env.kube, env.caches, names.identity("lars", server), m.MachineSpec(),
+                            Settings(url_mode="cluster-ip"), LOG) for server in ("", "a", "b")]
+    for ws in machines:
+        await ws.start({}, [])
+        await ws.stop()
+        await ws.take_snapshot("s")
+    c = Config()
+    c.KubeVirtSpawner.kubeconfig = wsim.hub_kubeconfig
+    c.Workstations.snapshot_limit = 4
+    await forget_shared()
+    service = Workstations(hub=StoppedHub(), config=c, log=LOG)
+    lars = Caller(name="lars", admin=False)
+    try:
+        results = await asyncio.gather(*(service.restore(lars, "lars", server, "s", True) for server in ("", "a", "b")),
+                                       return_exceptions=True)
+        refused = [r for r in results if isinstance(r, ServiceError)]
+        assert len(refused) == 2 and all("a restore takes a safety snapshot first" in r.message for r in refused), \
+            results
+        for task in list(service._tasks.values()):
+            await asyncio.wait_for(task, 120)
+        assert sum(len(ws.snapshots()) for ws in machines) == 4
+    finally:
+        for shared in spawner_module._shared.values():
+            shared["caches"].stop()
+        await forget_shared()

@@ -457,10 +457,8 @@ class Workstations(LoggingConfigurable):
         if not isinstance(snapshot, str) or not snapshot or len(snapshot) > m.SNAPSHOT_NAME_MAX:
             raise ServiceError(400, f'Name the snapshot to restore ("snapshot", at most {m.SNAPSHOT_NAME_MAX} '
                                     "characters).")
-        if self.safety_snapshot:
-            self._check_snapshot_limit(user, " (a restore takes a safety snapshot first)")
         return await self._begin(caller, ws, "restore", lambda ops: ops.begin_restore(snapshot, caller.name),
-                                 detail=snapshot)
+                                 detail=snapshot, safety_why=" (a restore takes a safety snapshot first)")
 
     async def reset(self, caller: Caller, user: str, server: str, confirm) -> dict:
         ws = await self.existing(caller, user, server)
@@ -470,11 +468,29 @@ class Workstations(LoggingConfigurable):
             raise ServiceError(400, f'Type the workstation\'s name to confirm the reset ("confirm": "{expected}"): '
                                     "its system disk is replaced by a fresh copy of the golden image; the workspace "
                                     "disk is kept and a snapshot is taken first.")
-        if self.safety_snapshot:
-            self._check_snapshot_limit(user, " (a reset takes a safety snapshot first)")
-        return await self._begin(caller, ws, "reset", lambda ops: ops.begin_reset(caller.name))
+        return await self._begin(caller, ws, "reset", lambda ops: ops.begin_reset(caller.name),
+                                 safety_why=" (a reset takes a safety snapshot first)")
 
-    async def _begin(self, caller: Caller, ws: Workstation, kind: str, begin, detail: str = "") -> dict:
+    async def _begin(self, caller: Caller, ws: Workstation, kind: str, begin, detail: str = "",
+                     safety_why: str = "") -> dict:
+        """Begin the operation, its safety snapshot counted against the user's limit from now on
+        (reserved as take_snapshot reserves one, then by its name, until the operation ends)."""
+        reserved = self._snapshots_in_flight.setdefault(ws.ident.user, set())
+        placeholder = (ws.ident.namespace, f"the safety snapshot of {workstation_path(ws.ident.user, ws.ident.server)}")
+        if self.safety_snapshot:
+            self._check_snapshot_limit(ws.ident.user, safety_why)
+            reserved.add(placeholder)
+        try:
+            op = await self._begin_locked(caller, ws, kind, begin, detail)
+        finally:
+            reserved.discard(placeholder)
+        if self.safety_snapshot and op.safety_object:
+            safety = (ws.ident.namespace, op.safety_object)
+            reserved.add(safety)
+            self._tasks[(ws.ident.user, ws.ident.server)].add_done_callback(lambda _: reserved.discard(safety))
+        return _operation_view(op) or {}
+
+    async def _begin_locked(self, caller: Caller, ws: Workstation, kind: str, begin, detail: str) -> Operation:
         key = (ws.ident.user, ws.ident.server)
         async with self._lock(*key):
             ops = self.operations(ws)
@@ -490,7 +506,7 @@ class Workstations(LoggingConfigurable):
                 raise ServiceError(err.status_code, err.jupyterhub_message or str(err)) from None
             self._audit(caller, kind, ws, "started", detail)
             self._tasks[key] = asyncio.ensure_future(self._run(caller.name, ops, op, detail))
-            return _operation_view(op) or {}
+            return op
 
     async def _run(self, by: str, ops: Operations, op: Operation, detail: str = ""):
         """An operation in the background; its record on the VM says how it went."""
