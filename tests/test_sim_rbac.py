@@ -214,3 +214,36 @@ def test_a_binding_keeps_its_role(kube, ns):
     odd = refusal(lambda: rbac.create_cluster_role_binding({"metadata": {"name": f"b-{ns}"},
                                                             "roleRef": {**ref, "kind": "Role"}, "subjects": []}))
     assert odd["status"] == 422 and 'supported values: "ClusterRole"' in odd["message"]
+
+
+def test_nobody_grants_what_they_do_not_hold(sim, ns, bot, kube):
+    """pkg/registry/rbac/rolebinding/policybased/storage.go and escalation_check.go: a user may
+    bind a role only if they hold all it grants in the binding's namespace (validation/rule.go
+    ConfirmNoEscalation) or may `bind` that role; write a role only if they hold its rules or may
+    `escalate` it. (What a hub that makes RoleBindings in users' namespaces meets.)"""
+    rbac = client.RbacAuthorizationV1Api(kube)
+    bot_rbac = client.RbacAuthorizationV1Api(bot[0].api_client)
+    writes = [{"apiGroups": [RBAC], "resources": ["rolebindings", "roles"], "verbs": ["create"]}]
+    grant(ns, writes, ns, kube=kube)
+    rbac.create_cluster_role({"metadata": {"name": f"pods-{ns}"},
+                              "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]})
+    binding = {"metadata": {"name": "b1"}, "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": f"pods-{ns}"},
+               "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": ns}]}
+    no = refusal(lambda: bot_rbac.create_namespaced_role_binding(ns, binding))
+    assert no["status"] == 403 and no["message"] == (
+        f'rolebindings.rbac.authorization.k8s.io "b1" is forbidden: user "system:serviceaccount:{ns}:bot" '
+        f'(groups=["system:serviceaccounts" "system:serviceaccounts:{ns}" "system:authenticated"]) is attempting '
+        'to grant RBAC permissions not currently held:\n{APIGroups:[""], Resources:["pods"], Verbs:["get"]}\n'
+        '{APIGroups:[""], Resources:["pods"], Verbs:["list"]}'), no["message"]
+    # `bind` on that one ClusterRole, in this namespace: allowed
+    grant(ns, [{"apiGroups": [RBAC], "resources": ["clusterroles"], "verbs": ["bind"],
+                "resourceNames": [f"pods-{ns}"]}], ns, kube=kube)
+    bot_rbac.create_namespaced_role_binding(ns, binding)
+    # holding what a role grants is enough too; granting more is not
+    grant(ns, [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}], ns, kube=kube)
+    bot_rbac.create_namespaced_role(ns, {"metadata": {"name": "cm"},
+                                         "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}]})
+    wider = refusal(lambda: bot_rbac.create_namespaced_role(ns, {"metadata": {"name": "all"}, "rules": [
+        {"apiGroups": [""], "resources": ["*"], "verbs": ["*"]}]}))
+    assert wider["status"] == 403 and wider["message"].endswith(
+        '{APIGroups:[""], Resources:["*"], Verbs:["*"]}'), wider["message"]

@@ -237,9 +237,20 @@ def _binding(store, rt, obj, old, user):
                                          f'Name:"{ref["name"]}"}}: cannot change roleRef'}])
 
 
+def _binding_by(store, rt, obj, old, user):
+    _binding(store, rt, obj, old, user)
+    rbac.check_binding_write(store, user, rt.kind, obj)
+
+
+def _role(store, rt, obj, old, user):
+    rbac.check_role_write(store, user, rt.kind, obj)
+
+
 _CHECKS = {
-    "RoleBinding": _binding,
-    "ClusterRoleBinding": _binding,
+    "Role": _role,
+    "ClusterRole": _role,
+    "RoleBinding": _binding_by,
+    "ClusterRoleBinding": _binding_by,
     "VirtualMachine": _vm,
     "DataVolume": _dv,
     "VirtualMachineSnapshot": _snapshot_like,

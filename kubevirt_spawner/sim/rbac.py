@@ -128,6 +128,70 @@ def check(store, user: User, req: Request):
         raise forbidden(user, req)
 
 
+# ---------- escalation prevention (pkg/registry/rbac/escalation_check.go, pkg/registry/rbac/
+# {role,clusterrole,rolebinding,clusterrolebinding}/policybased/storage.go, validation/rule.go):
+# a user writes a role, or a binding to one, only if they hold every permission it grants (in the
+# binding's namespace; cluster-wide for cluster objects), or may `escalate` that role (for a role)
+# or `bind` it (for a binding). system:masters, and the cluster's own controllers, may always.
+
+def _atoms(rule: dict, namespace: str):
+    """The rule as requests, one per verb and resource (and name): what holding it means."""
+    verbs = rule.get("verbs") or []
+    for url in rule.get("nonResourceURLs") or []:
+        for verb in verbs:
+            yield Request(verb, path=url)
+    for group in rule.get("apiGroups") or []:
+        for resource in rule.get("resources") or []:
+            base, _, sub = resource.partition("/")
+            for name in rule.get("resourceNames") or [""]:
+                for verb in verbs:
+                    yield Request(verb, group, base, sub, namespace, name)
+
+
+def _compact(req: Request) -> str:
+    """A missing permission as the API server writes it (rbac/v1 helpers CompactString)."""
+    if req.path:
+        return f'{{NonResourceURLs:["{req.path}"], Verbs:["{req.verb}"]}}'
+    names = f', ResourceNames:["{req.name}"]' if req.name else ""
+    return f'{{APIGroups:["{req.group}"], Resources:["{req.combined_resource}"]{names}, Verbs:["{req.verb}"]}}'
+
+
+def confirm_no_escalation(store, user: User | None, kind: str, obj: dict, rules: list[dict], namespace: str,
+                          waiver: Request):
+    """Raise the API server's 403 if `user` writes `obj` (a role or binding of `kind`) that grants
+    `rules` in `namespace` ("" cluster-wide) without holding them, unless `waiver` is allowed."""
+    if user is None or user.superuser or allowed(store, user, waiver):
+        return
+    missing = [atom for rule in rules for atom in _atoms(rule, namespace) if not allowed(store, user, atom)]
+    if not missing:
+        return
+    plural = {"Role": "roles", "ClusterRole": "clusterroles", "RoleBinding": "rolebindings",
+              "ClusterRoleBinding": "clusterrolebindings"}[kind]
+    groups = " ".join(f'"{g}"' for g in user.groups)
+    name = obj["metadata"]["name"]
+    raise errors.ApiError(
+        403, "Forbidden", f'{plural}.rbac.authorization.k8s.io "{name}" is forbidden: user "{user.name}" '
+        f"(groups=[{groups}]) is attempting to grant RBAC permissions not currently held:\n"
+        + "\n".join(_compact(atom) for atom in missing),
+        {"name": name, "group": "rbac.authorization.k8s.io", "kind": plural})
+
+
+def check_role_write(store, user: User | None, kind: str, obj: dict):
+    namespace = obj["metadata"].get("namespace", "") if kind == "Role" else ""
+    plural = "roles" if kind == "Role" else "clusterroles"
+    waiver = Request("escalate", "rbac.authorization.k8s.io", plural, "", namespace, obj["metadata"]["name"])
+    confirm_no_escalation(store, user, kind, obj, obj.get("rules") or [], namespace, waiver)
+
+
+def check_binding_write(store, user: User | None, kind: str, obj: dict):
+    namespace = obj["metadata"].get("namespace", "") if kind == "RoleBinding" else ""
+    ref = obj.get("roleRef") or {}
+    plural = "clusterroles" if ref.get("kind") == "ClusterRole" else "roles"
+    waiver = Request("bind", ref.get("apiGroup", "rbac.authorization.k8s.io"), plural, "", namespace,
+                     ref.get("name", ""))
+    confirm_no_escalation(store, user, kind, obj, _rules_of(store, ref, namespace), namespace, waiver)
+
+
 # The API server's bootstrap policy (plugin/pkg/auth/authorizer/rbac/bootstrappolicy/policy.go):
 # the roles every cluster has, reconciled at every start.
 _DISCOVERY_URLS = ["/api", "/api/*", "/apis", "/apis/*", "/healthz", "/livez", "/openapi", "/openapi/*",
