@@ -256,6 +256,9 @@ class Workstation:
         with refusals_explained(self.log, "start"):
             await wait_synced(self.caches, self.log, self.settings.start_timeout)
             self._refuse_foreign()  # (before the `try`: its failure path stops the machine by name)
+            vm = self.vm  # a machine an account of this name made at another time never retired
+            if vm is not None and m.ANNOTATION_USER_CREATED in (vm["metadata"].get("annotations") or {}):
+                self._refuse_earlier_accounts([(k.VM, vm)])
             try:
                 self._refuse_double_attach()
                 report(1, "Preparing your workstation")
@@ -385,14 +388,19 @@ class Workstation:
         made = sorted({(d["metadata"].get("annotations") or {}).get(m.ANNOTATION_USER_CREATED, "an unknown time")
                        for _, d in earlier})
         disks = " ".join(f"{kind.plural}/{disk['metadata']['name']}" for kind, disk in earlier)
-        self.log.warning("disks kept from an account %r made at %s, not this one (made at %s): an administrator "
+        self.log.warning("kept from an account %r made at %s, not this one (made at %s): an administrator "
                          "confirms they are this account's with: kubectl annotate -n %s %s %s=%s",
                          self.ident.user, ", ".join(made), created, self.ident.namespace, disks,
                          m.ANNOTATION_CONFIRMED_FOR, created)
-        raise WorkstationError(
-            f"Disks kept from an earlier account named {self.ident.user} wait in {self.ident.namespace}, and your "
-            f"workstation may use them only once your administrator confirms they are yours (the hub's log says how).",
-            reason="kept-for-earlier-account", status_code=409)
+        if all(kind is k.VM for kind, _ in earlier):
+            sentence = (f"A workstation of an earlier account named {self.ident.user} is in {self.ident.namespace}, "
+                        "and yours may use it only once your administrator confirms it is yours (the hub's log says "
+                        "how).")
+        else:
+            sentence = (f"Disks kept from an earlier account named {self.ident.user} wait in {self.ident.namespace}, "
+                        "and your workstation may use them only once your administrator confirms they are yours "
+                        "(the hub's log says how).")
+        raise WorkstationError(sentence, reason="kept-for-earlier-account", status_code=409)
 
     def _check_owner(self, obj: dict):
         if self._mine(obj) is None:

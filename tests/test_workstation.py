@@ -1367,3 +1367,25 @@ async def test_concurrent_restores_cannot_pass_the_users_limit_with_their_safety
         for shared in spawner_module._shared.values():
             shared["caches"].stop()
         await forget_shared()
+
+
+async def test_a_machine_an_earlier_account_never_retired_needs_an_administrators_word_too(env):
+    """An account removed without its workstation being retired (its VM still there) and made again:
+    the VM records the first account's time, so the second's start is refused, until confirmed."""
+    first = Workstation(env.kube, env.caches, names.identity("otto", user_created="2026-01-01T00:00:00"),
+                        m.MachineSpec(), Settings(url_mode="cluster-ip"), LOG)
+    await first.start({}, [])
+    await first.stop()
+    later = "2026-06-01T00:00:00"
+    second = Workstation(env.kube, env.caches, names.identity("otto", user_created=later), m.MachineSpec(),
+                         Settings(url_mode="cluster-ip"), LOG)
+    before = counts(env.sim)
+    with user_error("kept-for-earlier-account", "A workstation of an earlier account named otto is in notebook-otto"):
+        await second.start({}, [])
+    assert writes(diff(before, counts(env.sim))) == {}
+    await env.admin.patch(k.VM, first.ident.namespace, first.ident.vm,
+                          {"metadata": {"annotations": {m.ANNOTATION_CONFIRMED_FOR: later}}})
+    await env.caches.wait_for(lambda: (second.vm["metadata"]["annotations"] or {}).get(m.ANNOTATION_CONFIRMED_FOR)
+                              == later, 10)
+    await second.start({}, [])
+    await second.stop()
