@@ -1013,7 +1013,7 @@ class Workstation:
         until = (datetime.now(timezone.utc) + timedelta(days=self.settings.retention_days)).strftime(
             "%Y-%m-%dT%H:%M:%SZ")
         patch = m.retained_patch(until, self.ident.user_created)
-        kept = []
+        kept, claims = [], []
         selector = f"{m.LABEL_WORKSTATION}={ident.slug}"
         for kind in (k.DV, k.PVC, SNAPSHOT):
             try:
@@ -1027,6 +1027,11 @@ class Workstation:
                     continue  # the slug is only a hash: another workstation's under a colliding one
                 await self.kube.patch(kind, ident.namespace, obj["metadata"]["name"], patch)
                 kept.append(f"{kind.kind}/{obj['metadata']['name']}")
+                if kind is k.PVC:
+                    claims.append(obj)
+        # Kept means kept: a restore cut off in its window (its volumes at Delete until it gives
+        # Retain back) loses its record with the VM, and nothing else would set them back.
+        await self.set_reclaim_policy(claims, "Retain")
         for kind, name in ((k.VM, ident.vm), (k.SERVICE, ident.service), (k.SECRET, ident.secret)):
             if foreign is None:
                 await self.kube.delete(kind, ident.namespace, name)

@@ -412,6 +412,8 @@ async def test_retire_deletes_the_machine_and_keeps_disks_and_snapshots(env):
     ws = workstation(env, "ivy", m.MachineSpec(workspace_disk_size="10Gi"))
     await ws.start({}, [])
     await ws.stop()
+    await ws.set_reclaim_policy([ws.rootdisk_pvc])  # (Delete: a restore cut off in its window)
+    assert ("Bound", "Delete") in volumes_of(env, ws.ident.namespace).values()
     snap = {"apiVersion": "snapshot.kubevirt.io/v1beta1", "kind": "VirtualMachineSnapshot",
             "metadata": {"name": "ivy-before-upgrade", "namespace": ws.ident.namespace,
                          "labels": m.labels(ws.ident, "snapshot"), "annotations": m.identity_annotations(ws.ident)},
@@ -424,6 +426,8 @@ async def test_retire_deletes_the_machine_and_keeps_disks_and_snapshots(env):
                             "VirtualMachineSnapshot/ivy-before-upgrade"]
     deleted = {key for key in diff(before, counts(env.sim)) if key.startswith("delete")}
     assert deleted == {"delete virtualmachines", "delete services", "delete secrets"}
+    # kept disks are kept: their volumes at Retain, even one a cut-off restore left at Delete
+    assert sorted(volumes_of(env, ws.ident.namespace).values()) == [("Bound", "Retain")] * 2
     for kind, name in ((k.DV, "ivy-rootdisk"), (k.PVC, "ivy-workspace"), (SNAPSHOT, "ivy-before-upgrade")):
         obj = await env.admin.get(kind, ws.ident.namespace, name)
         assert obj["metadata"]["labels"][m.LABEL_RETAINED] == "true"
