@@ -100,10 +100,11 @@ async def ensure_namespace(env, name: str):
             raise
 
 
-def workstation(env, user, spec=None, **settings) -> Workstation:
+def workstation(env, user, spec=None, user_created: str = "", **settings) -> Workstation:
+    """`user_created`: the account's creation time, as the hub knows it (a test without: unknown)."""
     settings.setdefault("url_mode", "cluster-ip")
-    return Workstation(env.kube, env.caches, names.identity(user), spec or m.MachineSpec(), Settings(**settings),
-                       LOG)
+    return Workstation(env.kube, env.caches, names.identity(user, user_created=user_created), spec or m.MachineSpec(),
+                       Settings(**settings), LOG)
 
 
 async def test_first_start_resume_and_stop_use_few_requests(env):
@@ -1109,8 +1110,7 @@ async def test_kept_disks_go_back_to_an_account_made_again_only_when_an_administ
     marks the disks as its own (ANNOTATION_CONFIRMED_FOR = the new account's creation time). The
     same account (its server deleted and made again) gets them back at once."""
     made = "2026-01-05T10:00:00"
-    ws = Workstation(env.kube, env.caches, names.identity("kim", user_created=made), m.MachineSpec(),
-                     Settings(url_mode="cluster-ip"), LOG)
+    ws = workstation(env, "kim", user_created=made)
     await ws.start({}, [])
     await ws.retire()
     await env.caches.wait_for(lambda: ws.vm is None, 10)
@@ -1118,8 +1118,7 @@ async def test_kept_disks_go_back_to_an_account_made_again_only_when_an_administ
     assert dv["metadata"]["annotations"][m.ANNOTATION_USER_CREATED] == made
 
     later = "2026-11-30T08:00:00"
-    newcomer = Workstation(env.kube, env.caches, names.identity("kim", user_created=later), m.MachineSpec(),
-                           Settings(url_mode="cluster-ip"), LOG)
+    newcomer = workstation(env, "kim", user_created=later)
     before = counts(env.sim)
     with user_error("kept-for-earlier-account", "Disks kept from an earlier account named kim wait in notebook-kim"):
         await newcomer.start({}, [])
@@ -1142,8 +1141,7 @@ async def test_kept_disks_go_back_to_an_account_made_again_only_when_an_administ
 
     # The same account comes back: no confirmation needed.
     await env.caches.wait_for(lambda: newcomer.vm is None, 10)
-    again = Workstation(env.kube, env.caches, names.identity("kim", user_created=later), m.MachineSpec(),
-                        Settings(url_mode="cluster-ip"), LOG)
+    again = workstation(env, "kim", user_created=later)
     await again.start({}, [])
     await again.stop()
 
@@ -1175,8 +1173,6 @@ async def test_workstations_named_with_the_short_hash_keep_their_names(env, wsim
         found = await later.workstation()
         assert found.ident == ws.ident
     finally:
-        for shared in spawner_module._shared.values():
-            shared["caches"].stop()
         await forget_shared()
 
 
@@ -1204,8 +1200,6 @@ async def test_concurrent_snapshots_cannot_pass_the_users_limit_together(env, ws
         with pytest.raises(ServiceError, match="the most allowed"):
             await service.take_snapshot(lena, "lena", "", "one-more", "")
     finally:
-        for shared in spawner_module._shared.values():
-            shared["caches"].stop()
         await forget_shared()
 
 
@@ -1257,8 +1251,6 @@ async def test_a_name_with_a_newline_cannot_forge_a_log_line(env, wsim, caplog):
         assert len(lines) == 2 and all("\n" not in line for line in lines), lines
         assert any(line.startswith("audit: nell delete-snapshot nell: failed") for line in lines)
     finally:
-        for shared in spawner_module._shared.values():
-            shared["caches"].stop()
         await forget_shared()
         await ws.stop()
 
@@ -1298,8 +1290,6 @@ async def test_a_workstations_own_token_may_not_delete_its_snapshots(env, wsim):
         await service.delete_snapshot(Caller(name="tess", admin=False), "tess", "", "keep")  # the owner's login
         assert ws.snapshots() == []
     finally:
-        for shared in spawner_module._shared.values():
-            shared["caches"].stop()
         await forget_shared()
         await ws.stop()
 
@@ -1312,8 +1302,7 @@ async def test_disks_in_use_get_the_accounts_time_and_keep_it_when_kept(env):
     await old.start({}, [])
     await old.stop()
     made = "2026-02-03T04:05:06"
-    known = Workstation(env.kube, env.caches, names.identity("uma", user_created=made), m.MachineSpec(),
-                        Settings(url_mode="cluster-ip"), LOG)
+    known = workstation(env, "uma", user_created=made)
     await known.start({}, [])
     for kind in (k.DV, k.PVC):
         disk = await env.admin.get(kind, known.ident.namespace, known.ident.rootdisk)
@@ -1322,8 +1311,7 @@ async def test_disks_in_use_get_the_accounts_time_and_keep_it_when_kept(env):
     await env.caches.wait_for(lambda: known.vm is None, 10)
     disk = await env.admin.get(k.DV, known.ident.namespace, known.ident.rootdisk)
     assert disk["metadata"]["annotations"][m.ANNOTATION_USER_CREATED] == made
-    again = Workstation(env.kube, env.caches, names.identity("uma", user_created=made), m.MachineSpec(),
-                        Settings(url_mode="cluster-ip"), LOG)
+    again = workstation(env, "uma", user_created=made)
     await again.start({}, [])
     await again.stop()
 
@@ -1368,21 +1356,17 @@ async def test_concurrent_restores_cannot_pass_the_users_limit_with_their_safety
             await asyncio.wait_for(task, 120)
         assert sum(len(ws.snapshots()) for ws in machines) == 4
     finally:
-        for shared in spawner_module._shared.values():
-            shared["caches"].stop()
         await forget_shared()
 
 
 async def test_a_machine_an_earlier_account_never_retired_needs_an_administrators_word_too(env):
     """An account removed without its workstation being retired (its VM still there) and made again:
     the VM records the first account's time, so the second's start is refused, until confirmed."""
-    first = Workstation(env.kube, env.caches, names.identity("otto", user_created="2026-01-01T00:00:00"),
-                        m.MachineSpec(), Settings(url_mode="cluster-ip"), LOG)
+    first = workstation(env, "otto", user_created="2026-01-01T00:00:00")
     await first.start({}, [])
     await first.stop()
     later = "2026-06-01T00:00:00"
-    second = Workstation(env.kube, env.caches, names.identity("otto", user_created=later), m.MachineSpec(),
-                         Settings(url_mode="cluster-ip"), LOG)
+    second = workstation(env, "otto", user_created=later)
     before = counts(env.sim)
     with user_error("kept-for-earlier-account", "A workstation of an earlier account named otto is in notebook-otto"):
         await second.start({}, [])

@@ -315,6 +315,20 @@ def hub(e2e_sim, tmp_path_factory):
 
 
 SERVICE_API = "/services/workstations/api/v1"
+CHROMIUM = "/usr/bin/chromium"  # Debian's; never a browser Playwright downloads
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run"])
+        yield b
+        b.close()
+
 
 
 def hub_with_service(e2e_sim, tmp_path_factory, extra_config: str):

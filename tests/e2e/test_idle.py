@@ -153,8 +153,9 @@ def test_the_lab_warns_before_an_idle_stop_and_keep_running_keeps_the_machine(hu
     running" asks the service's cap (45 min here, below the Lab's hour), the warning goes, and the
     keep-alive (reported to the hub's activity API, which the culler reads) keeps the machine past
     the deadline the warning named."""
+    from conftest import CHROMIUM
     from playwright.sync_api import sync_playwright
-    from test_lab import CHROMIUM, login_and_start, open_panel, wait_for_lab
+    from test_lab import login_and_start, open_panel, wait_for_lab
 
     user = "wes"
     with sync_playwright() as p:

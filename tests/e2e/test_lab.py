@@ -23,7 +23,6 @@ from kubevirt_spawner.demo import DEMO_PASSWORD
 
 from simtools import wait_for
 
-CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "lab"
 EXTRA = """
 c.KubeVirtSpawner.start_timeout = 60
@@ -44,18 +43,6 @@ def hub(e2e_sim, tmp_path_factory):
              60, what="the workstations service")
     yield h
     h.close()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run"])
-        yield b
-        b.close()
 
 
 @pytest.fixture(scope="module")

@@ -37,7 +37,6 @@ from kubevirt_spawner.demo import DEMO_PASSWORD
 
 from simtools import wait_for
 
-CHROMIUM = "/usr/bin/chromium"
 EXTRA = """
 c.KubeVirtSpawner.workspace_disk_size = ""
 c.KubeVirtSpawner.start_timeout = 60
@@ -111,18 +110,6 @@ class PageServer:
     def close(self):
         self.httpd.shutdown()
         self.httpd.server_close()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run"])
-        yield b
-        b.close()
 
 
 class Site:
