@@ -456,9 +456,7 @@ class Workstation:
                 await asyncio.sleep(0.5)
 
     async def _ensure(self, kind: k.Kind, obj: dict, cache: Reflector) -> dict:
-        """Create the object; when it exists, the existing one, which must be this workstation's.
-        It is looked for in the cache, else listed by name (a cache may lag behind a create that
-        was repeated after a timeout): the hub never needs to GET single objects."""
+        """Create the object; when it exists, the existing one, which must be this workstation's."""
         meta = obj["metadata"]
         try:
             created = await self._create(kind, obj)
@@ -467,14 +465,24 @@ class Workstation:
         except k.KubeError as err:
             if err.status != 409 or err.reason != "AlreadyExists":
                 raise
+        existing = await self._existing_own(kind, obj, cache)
+        if existing is None:  # deleted in between: once more
+            return await self.kube.create(kind, obj)
+        return existing
+
+    async def _existing_own(self, kind: k.Kind, obj: dict, cache: Reflector) -> dict | None:
+        """The object of `obj`'s name that a create found there, which must be this workstation's
+        (name-taken otherwise); None when it is gone meanwhile. From the cache, else listed by
+        name (a cache may lag behind a create that was repeated after a timeout): the hub never
+        needs to GET single objects."""
+        meta = obj["metadata"]
         existing = cache.get(meta["namespace"], meta["name"])
         if existing is None:
             found = await self.kube.list(kind, meta["namespace"], field_selector=f"metadata.name={meta['name']}")
             existing = next(iter(found.get("items") or []), None)
-        if existing is None:  # deleted in between: once more
-            return await self.kube.create(kind, obj)
-        existing.setdefault("kind", kind.kind)
-        self._check_owner(existing)
+        if existing is not None:
+            existing.setdefault("kind", kind.kind)
+            self._check_owner(existing)
         return existing
 
     async def _update_stopped_vm(self, vm: dict, desired: dict):
@@ -696,7 +704,9 @@ class Workstation:
                     if not again:
                         raise WorkstationError(f"A snapshot named {name} exists already; choose another name.",
                                                reason="snapshot-exists", status_code=409) from None
-                    await self._check_own_snapshot(obj)
+                    # an interrupted operation's snapshot: it must be this workstation's, or the
+                    # operation would wait for it in vain
+                    await self._existing_own(SNAPSHOT, obj, self.caches.snapshots)
 
             def finished() -> dict | None:
                 # Done, and the VM unlocked: KubeVirt refuses a stop or start while a snapshot holds
@@ -716,18 +726,6 @@ class Workstation:
                                        reason="snapshot-failed", status_code=500)
             self.log.info("snapshot %s done (%s)", name, done["consistency"])
             return done
-
-    async def _check_own_snapshot(self, obj: dict):
-        """The snapshot an interrupted operation made is there under its name: it must be this
-        workstation's, or the operation would wait for it in vain."""
-        existing = self.caches.snapshots.get(self.ident.namespace, obj["metadata"]["name"])
-        if existing is None:
-            found = await self.kube.list(SNAPSHOT, self.ident.namespace,
-                                         field_selector=f"metadata.name={obj['metadata']['name']}")
-            existing = next(iter(found.get("items") or []), None)
-        if existing is not None:
-            existing.setdefault("kind", SNAPSHOT.kind)
-            self._check_owner(existing)
 
     async def snapshots_size(self) -> float | None:
         """Bytes the snapshots' disks add up to: each VolumeSnapshot's restoreSize, the size of the

@@ -1323,10 +1323,10 @@ class StoppedHub:
         return False
 
     async def stop(self, user: str, server: str, timeout: float):
-        pass
+        """Nothing to stop: the hub has no server running."""
 
     async def start(self, user: str, server: str):
-        pass
+        """Not asked: an operation starts a server again only if it was running (none was)."""
 
 
 async def test_concurrent_restores_cannot_pass_the_users_limit_with_their_safety_snapshots(env, wsim):

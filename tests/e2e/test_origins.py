@@ -101,7 +101,7 @@ class PageServer:
                 self.wfile.write(html)
 
             def log_message(self, *args):
-                pass
+                """Silent: the test reports what the page did, not each request for it."""
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
