@@ -182,8 +182,9 @@ def hub_for(e2e_sim, tmp_path_factory):
     hubs = []
 
     def make(subdomains: bool) -> Site:
-        hub = Hub(tmp_path_factory.mktemp("hub"), e2e_sim, extra_config=EXTRA, subdomains=subdomains).start()
-        hubs.append(hub)
+        hub = Hub(tmp_path_factory.mktemp("hub"), e2e_sim, extra_config=EXTRA, subdomains=subdomains)
+        hubs.append(hub)  # (before its start: a hub that fails to start still has a proxy to stop)
+        hub.start()
         site = Site(hub, subdomains)
         wait_for(lambda: site.service_api("GET", "/workstations").status_code == 200, 60,
                  what="the workstations service")
