@@ -55,14 +55,17 @@ def vmi_phase(custom, ns, name):
     return ((get(custom, KV, ns, "virtualmachineinstances", name) or {}).get("status") or {}).get("phase")
 
 
-def make_disk(custom, ns, name, size="60Gi"):
-    custom.create_namespaced_custom_object(*CDI, ns, "datavolumes", clone_dv(name, size))
+def make_disk(custom, ns, name, size="60Gi", annotations: dict | None = None):
+    dv = clone_dv(name, size)
+    if annotations:
+        dv["metadata"]["annotations"] = dict(annotations)
+    custom.create_namespaced_custom_object(*CDI, ns, "datavolumes", dv)
     return wait_for(lambda: (get(custom, CDI, ns, "datavolumes", name) or {}).get("status", {}).get("phase")
                     == "Succeeded", what=f"clone {name}")
 
 
-def running_vm(sim, custom, ns, name, **kw):
-    make_disk(custom, ns, f"{name}-disk")
+def running_vm(sim, custom, ns, name, annotations: dict | None = None, **kw):
+    make_disk(custom, ns, f"{name}-disk", annotations=annotations)
     custom.create_namespaced_custom_object(*KV, ns, "virtualmachines", vm(name, f"{name}-disk", **kw))
     assert action(sim, ns, name, "start").status_code == 202
     wait_for(lambda: vm_status(custom, ns, name) == "Running", what=f"{name} running")
@@ -529,8 +532,12 @@ def test_snapshot_indications_and_restores(custom, core, sim):
     running machine holds its disk, not the guest's in-memory /run (systemd's src/shared/mount-setup.c)."""
     ns = "snaps"
     core.create_namespace({"metadata": {"name": ns}})
-    running_vm(sim, custom, ns, "w")
+    running_vm(sim, custom, ns, "w", annotations={"example.com/owner": "wanda"})
     pvc = core.read_namespaced_persistent_volume_claim("w-disk", ns)
+    # CDI gives the claim its DataVolume's annotations (pkg/controller/datavolume/controller-base.go
+    # newPersistentVolumeClaim), which the snapshot keeps for a restore (getSimplifiedMetaObject,
+    # pkg/storage/snapshot/util.go; CreateRestorePVCDef copies them back)
+    assert pvc.metadata.annotations["example.com/owner"] == "wanda"
     root = os.path.join(sim.cluster.state_dir, "volumes", pvc.spec.volume_name)
     open(os.path.join(root, "opt", "state.txt"), "w").write("before")
     wait_for(lambda: agent(sim, ns, "w", "guestosinfo").status_code == 200, what="agent")
@@ -576,6 +583,7 @@ def test_snapshot_indications_and_restores(custom, core, sim):
     again = core.read_namespaced_persistent_volume_claim("w-disk", ns)
     assert again.metadata.uid != pvc.metadata.uid and again.spec.data_source.kind == "VolumeSnapshot"
     assert again.metadata.annotations["cdi.kubevirt.io/storage.populatedFor"] == "w-disk"
+    assert again.metadata.annotations["example.com/owner"] == "wanda"
     assert again.metadata.annotations["restore.kubevirt.io/lastRestoreUID"].startswith("inplace-")
     wait_for(lambda: [o.kind for o in core.read_namespaced_persistent_volume_claim("w-disk", ns).metadata
                       .owner_references or []] == ["DataVolume"], what="the DataVolume adopts the claim")
