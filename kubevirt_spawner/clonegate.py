@@ -101,10 +101,12 @@ class CloneGate:
         if before is not None and self.running.get(key) != before:
             self._advance(before)
 
-    def on_relist(self, dvs):
-        """The DataVolume cache was filled anew (at start, or a watch that had to start over)."""
+    def on_relist(self, dvs, namespace: str | None = None):
+        """The DataVolume cache (of one namespace; None: all of them) was filled anew (at start, or
+        a watch that had to start over)."""
         for key in list(self.running):
-            self._track(self.running, key, None)
+            if namespace is None or key[0] == namespace:
+                self._track(self.running, key, None)
         for dv in dvs:
             self.on_datavolume(dv, _key(dv))
         for kind in self.queues:

@@ -57,6 +57,7 @@ EVENT = Kind("Event", "", "v1", "events")
 RESOURCE_QUOTA = Kind("ResourceQuota", "", "v1", "resourcequotas")
 LIMIT_RANGE = Kind("LimitRange", "", "v1", "limitranges")
 NETWORK_POLICY = Kind("NetworkPolicy", "networking.k8s.io", "v1", "networkpolicies")
+ROLE_BINDING = Kind("RoleBinding", "rbac.authorization.k8s.io", "v1", "rolebindings")
 NODE = Kind("Node", "", "v1", "nodes", namespaced=False)
 VM = Kind("VirtualMachine", "kubevirt.io", "v1", "virtualmachines")
 VMI = Kind("VirtualMachineInstance", "kubevirt.io", "v1", "virtualmachineinstances")
@@ -213,19 +214,22 @@ class Kube:
         self._auth: tuple[float, dict[str, str]] = (0.0, {})
         # A credential refresh may run a command (an exec plugin) or read a file: never on the loop.
         self._refresher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kube-credentials")
-        self._session: aiohttp.ClientSession | None = None
+        # Requests share a bounded pool; watches (one per kind and watched namespace, each holding
+        # its connection for minutes) have their own, so that they never starve the requests.
+        self._sessions: dict[bool, aiohttp.ClientSession] = {}
         self._session_loop: asyncio.AbstractEventLoop | None = None
 
-    def _session_now(self) -> aiohttp.ClientSession:
-        """The session of the running loop (a test may run several loops, one after another)."""
+    def _session_now(self, watch: bool = False) -> aiohttp.ClientSession:
+        """The session of the running loop (a test may run several loops, one after another), for
+        watches or for requests."""
         loop = asyncio.get_running_loop()
-        session = self._session
-        if session is None or session.closed or self._session_loop is not loop:
-            # Watches hold a connection each; requests reuse the rest (keep-alive).
-            session = self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=64, ssl=self._ssl), trust_env=False,
+        if self._session_loop is not loop:
+            self._sessions, self._session_loop = {}, loop
+        session = self._sessions.get(watch)
+        if session is None or session.closed:
+            session = self._sessions[watch] = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0 if watch else 64, ssl=self._ssl), trust_env=False,
                 headers={"Accept": "application/json", "User-Agent": self.api.user_agent})
-            self._session_loop = loop
         return session
 
     def _read_credentials(self) -> dict[str, str]:
@@ -300,7 +304,7 @@ class Kube:
         headers = await self._auth_headers()
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.request_timeout, sock_read=read_timeout)
         try:
-            async with self._session_now().get(self.base + path, params=query,
+            async with self._session_now(watch=True).get(self.base + path, params=query,
                                                **self._options(headers, timeout)) as resp:
                 if resp.status >= 400:
                     if resp.status == 401:
@@ -380,8 +384,8 @@ class Kube:
 
     async def aclose(self):
         self._closed = True
-        if self._session is not None:
-            await self._session.close()
+        for session in self._sessions.values():
+            await session.close()
         self._refresher.shutdown(wait=False, cancel_futures=True)
 
     def close(self):

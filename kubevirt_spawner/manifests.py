@@ -7,6 +7,7 @@ the raw user and server names as annotations.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -136,6 +137,39 @@ def namespace(ident: Identity) -> dict:
             "metadata": {"name": ident.namespace,
                          "labels": {"app.kubernetes.io/managed-by": MANAGED_BY, LABEL_USER: ident.user_slug},
                          "annotations": {ANNOTATION_USERNAME: ident.user}}}
+
+
+# What the hub may do inside a user's namespace is the ClusterRole HUB_NAMESPACED_ROLE of
+# deploy/rbac/, bound there by the hub itself: it holds no such rights cluster-wide. The
+# admission policy lets it bind nothing else, to nobody else.
+HUB_NAMESPACED_ROLE = "kubevirt-spawner-hub-namespaced"
+SERVICE_ACCOUNT_USER = "system:serviceaccount:"
+
+
+def rbac_subject(username: str) -> dict:
+    """The RBAC subject of an authenticated user name (a ServiceAccount's is system:serviceaccount:NS:NAME)."""
+    if username.startswith(SERVICE_ACCOUNT_USER) and username.count(":") == 3:
+        namespace, name = username[len(SERVICE_ACCOUNT_USER):].split(":")
+        return {"kind": "ServiceAccount", "name": name, "namespace": namespace}
+    return {"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": username}
+
+
+def hub_role_binding_name(hub_username: str) -> str:
+    """One binding per hub identity, so that a binding there (AlreadyExists) is this hub's: two hubs
+    (or a hub whose ServiceAccount was renamed) never take each other's for their own."""
+    subject = rbac_subject(hub_username)
+    if subject["kind"] == "ServiceAccount":  # both parts are DNS names: the name says whose it is
+        return f"kubevirt-spawner-hub:{subject['namespace']}:{subject['name']}"
+    return "kubevirt-spawner-hub:user-" + hashlib.sha256(hub_username.encode()).hexdigest()[:20]
+
+
+def hub_role_binding(namespace: str, hub_username: str) -> dict:
+    """The hub's rights in one user namespace: HUB_NAMESPACED_ROLE, bound to the hub's own identity."""
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": hub_role_binding_name(hub_username), "namespace": namespace,
+                         "labels": {"app.kubernetes.io/managed-by": MANAGED_BY}},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": HUB_NAMESPACED_ROLE},
+            "subjects": [rbac_subject(hub_username)]}
 
 
 NAMESPACE_GUARD_NAME = "kubevirt-spawner"

@@ -6,6 +6,11 @@ applied between two awaits, so readers never see a half-applied update and need 
 `Caches` groups the reflectors and wakes the waiters of the namespaces that changed: `poll()` and
 progress read from here and make no API requests. They log through the Kube client's logger (the
 hub's).
+
+The hub may read and write only in the user namespaces it has bound its namespaced role in
+(deploy/rbac/), so the namespaced kinds are watched one namespace at a time (`PerNamespace`): the
+namespaces labelled as this project's are followed cluster-wide, and each is bound and watched as
+it appears (a hub with one shared namespace watches only that one).
 """
 
 from __future__ import annotations
@@ -14,12 +19,15 @@ import asyncio
 import logging
 import random
 import time
-from typing import Callable, TypeVar
+from typing import Awaitable, Callable, TypeVar
 
 from . import kube as k
+from . import manifests as m
 from .objects import FINAL_PHASES, field_value
 
 T = TypeVar("T")
+
+BIND_RETRY_SECONDS = 30.0
 
 # Scheduling and attach failures are Events on the virt-launcher Pod, as on any cluster.
 WATCHED_EVENT_KINDS = {"VirtualMachine", "VirtualMachineInstance", "DataVolume", "PersistentVolumeClaim", "Pod"}
@@ -50,8 +58,11 @@ class Reflector:
     def __init__(self, kube: k.Kube, kind: k.Kind, on_change: Callable[[str | None], None],
                  namespace: str | None = None,
                  label_selector: str | None = None, keep: Callable[[dict], bool] | None = None,
-                 field_selector: str | None = None, optional: bool = False):
+                 field_selector: str | None = None, optional: bool = False,
+                 prepare: Callable[[], Awaitable[None]] | None = None):
         self.kube, self.kind, self.namespace = kube, kind, namespace
+        # Awaited before a list that follows a refusal (binding the hub in the namespace again).
+        self.prepare = prepare
         self.label_selector, self.field_selector = label_selector, field_selector
         self.keep = keep or (lambda obj: True)
         self.objects: dict[tuple[str, str], dict] = {}
@@ -65,15 +76,17 @@ class Reflector:
         self.last_error: k.KubeError | None = None  # why the cache is not synced, when it is not
         # Called on the loop with the namespace that changed (None: possibly all of them).
         self._on_change = on_change
-        # Per-object listeners (object or None when gone, its key) and whole-cache ones (a relist).
+        # Per-object listeners (object or None when gone, its key) and whole-cache ones (a relist:
+        # all the objects, and the namespace they are all of, None for the whole cluster).
         self.on_object: list[Callable[[dict | None, tuple[str, str]], None]] = []
-        self.on_reset: list[Callable[[object], None]] = []
+        self.on_reset: list[Callable[[object, str | None], None]] = []
         self._task: asyncio.Task | None = None
         self._stopping = False
 
     def start(self, loop: asyncio.AbstractEventLoop):
         self._stopping = False
-        self._task = loop.create_task(self._run(), name=f"reflector-{self.kind.plural}")
+        where = f"-{self.namespace}" if self.namespace else ""
+        self._task = loop.create_task(self._run(), name=f"reflector-{self.kind.plural}{where}")
 
     def stop(self):
         self._stopping = True
@@ -103,15 +116,15 @@ class Reflector:
         self.objects = {_key(o): o for o in items if self.keep(o)}
         self.synced = True
         for reset in self.on_reset:
-            reset(self.objects.values())
-        self._on_change(None)
+            reset(self.objects.values(), self.namespace)
+        self._on_change(self.namespace)
 
     def _forbid(self, err: k.KubeError):
         if self.optional:
             self._replace_all([])
         self.forbidden = True
         self.refusal = err
-        self._on_change(None)
+        self._on_change(self.namespace)
 
     def _failed(self, err: k.KubeError):
         self.last_error = err
@@ -149,6 +162,8 @@ class Reflector:
         told = False  # the admin has read that the hub may not read these (told once)
         while not self._stopping:
             try:
+                if self.forbidden and self.prepare is not None:
+                    await self.prepare()
                 listing = await self.kube.call("GET", self.kind.path(self.namespace), self._query() or None) or {}
                 version = (listing.get("metadata") or {}).get("resourceVersion", "")
                 self._replace_all([slim(o) for o in listing.get("items") or []])
@@ -170,22 +185,28 @@ class Reflector:
                 failures += 1
                 delay = min(0.5 * 2 ** min(failures, 6), 30.0) * (0.5 + random.random() / 2)
                 level = logging.DEBUG if err.status == 410 else logging.WARNING
-                self.kube.log.log(level, "watch of %s restarting in %.1fs: %s", self.kind.plural, delay, err)
+                self.kube.log.log(level, "watch of %s restarting in %.1fs: %s", self._what(), delay, err)
                 await asyncio.sleep(0 if err.status == 410 else delay)
             except Exception:  # never let the cache die silently
                 if self._stopping:
                     return
-                self.kube.log.exception("watch of %s failed", self.kind.plural)
+                self.kube.log.exception("watch of %s failed", self._what())
                 await asyncio.sleep(5)
+
+    def _what(self) -> str:
+        return self.kind.plural + (f" in {self.namespace}" if self.namespace else "")
 
     def _log_refusal(self, err: k.KubeError):
         need = f"list and watch {self.kind.plural}" + (f" ({self.kind.group})" if self.kind.group else "")
+        if self.namespace:
+            need += f" in {self.namespace} (ClusterRole {m.HUB_NAMESPACED_ROLE}, bound there)"
         if self.optional:
             self.kube.log.warning("cannot read %s: %s. Going on without them; the hub's ServiceAccount needs %s "
-                                  "(see deploy/rbac/)", self.kind.plural, err, need)
+                                  "(see deploy/rbac/)", self._what(), err, need)
         else:
-            self.kube.log.error("cannot read %s: %s. No workstation can start or stop until the hub's "
-                                "ServiceAccount may %s (see deploy/rbac/)", self.kind.plural, err, need)
+            self.kube.log.error("cannot read %s: %s. No workstation%s can start or stop until the hub's "
+                                "ServiceAccount may %s (see deploy/rbac/)", self._what(), err,
+                                f" in {self.namespace}" if self.namespace else "", need)
 
     async def _follow(self, version: str):
         """Follow the watch until the server ends it; raise KubeError when it must restart."""
@@ -209,6 +230,79 @@ class Reflector:
                         self._apply(changes)
 
 
+class PerNamespace:
+    """One namespaced kind, read as one cache: a Reflector for each namespace the hub watches."""
+
+    def __init__(self, kind: k.Kind, optional: bool, make: Callable[[str], Reflector]):
+        self.kind, self.optional = kind, optional
+        self._make = make
+        self.members: dict[str, Reflector] = {}
+        # Listeners as a Reflector has them; a relist is of one namespace.
+        self.on_object: list[Callable[[dict | None, tuple[str, str]], None]] = []
+        self.on_reset: list[Callable[[object, str | None], None]] = []
+
+    def add(self, namespace: str, loop: asyncio.AbstractEventLoop | None) -> Reflector:
+        """The namespace's reflector, made and (on `loop`) started if it is new."""
+        member = self.members.get(namespace)
+        if member is None:
+            member = self.members[namespace] = self._make(namespace)
+            member.on_object.append(self._object)
+            member.on_reset.append(self._reset)
+            if loop is not None:
+                member.start(loop)
+        return member
+
+    def drop(self, namespace: str):
+        """Stop watching a namespace (it is gone): its objects went with it."""
+        member = self.members.pop(namespace, None)
+        if member is not None:
+            member.stop()
+            self._reset([], namespace)
+
+    def stop(self):
+        for member in self.members.values():
+            member.stop()
+
+    def _object(self, obj: dict | None, key: tuple[str, str]):
+        for listener in self.on_object:
+            listener(obj, key)
+
+    def _reset(self, objects, namespace: str | None):
+        for reset in self.on_reset:
+            reset(objects, namespace)
+
+    def get(self, namespace: str, name: str) -> dict | None:
+        member = self.members.get(namespace)
+        return None if member is None else member.get(namespace, name)
+
+    def values(self) -> list[dict]:
+        return [obj for member in self.members.values() for obj in member.values()]
+
+    def in_namespace(self, namespace: str):
+        member = self.members.get(namespace)
+        return () if member is None else member.values()
+
+    @property
+    def synced(self) -> bool:
+        return all(member.synced for member in self.members.values())
+
+    def synced_in(self, namespace: str) -> bool:
+        member = self.members.get(namespace)
+        return member is not None and member.synced
+
+    @property
+    def forbidden(self) -> bool:
+        return any(member.forbidden for member in self.members.values())
+
+    @property
+    def refusal(self) -> k.KubeError | None:
+        return next((r.refusal for r in self.members.values() if r.refusal is not None), None)
+
+    def refusal_in(self, namespace: str) -> k.KubeError | None:
+        member = self.members.get(namespace)
+        return None if member is None else member.refusal
+
+
 class Caches:
     """The reflectors one hub shares between all its spawners."""
 
@@ -224,53 +318,209 @@ class Caches:
                 return (involved.get("name") or "").startswith("virt-launcher-")
             return involved.get("kind") in WATCHED_EVENT_KINDS
 
-        self.vms = Reflector(kube, k.VM, self._notify, namespace, sel)
-        self.vmis = Reflector(kube, k.VMI, self._notify, namespace, sel)
-        self.dvs = Reflector(kube, k.DV, self._notify, namespace, sel)
-        self.pvcs = Reflector(kube, k.PVC, self._notify, namespace, sel)
-        self.services = Reflector(kube, k.SERVICE, self._notify, namespace, sel)
-        # Whether a machine's node still answers: KubeVirt leaves the VMI Running on a lost node.
-        self.nodes = Reflector(kube, k.NODE, self._notify, optional=True)
-        # How CDI clones into each StorageClass (copy, or copy-on-write): the clone queue needs it.
-        self.storage_profiles = Reflector(kube, k.STORAGE_PROFILE, self._notify, optional=True)
+        def per_namespace(kind: k.Kind, selector: str | None, optional: bool = False, **options) -> PerNamespace:
+            def make(ns: str) -> Reflector:
+                return Reflector(kube, kind, self._notify, ns, selector, optional=optional,
+                                 prepare=lambda: self._bind(ns), **options)
+            return PerNamespace(kind, optional, make)
+
+        self.vms = per_namespace(k.VM, sel)
+        self.vmis = per_namespace(k.VMI, sel)
+        self.dvs = per_namespace(k.DV, sel)
+        self.pvcs = per_namespace(k.PVC, sel)
+        self.services = per_namespace(k.SERVICE, sel)
         # Snapshots (optional: a cluster without KubeVirt's snapshot API still runs workstations).
-        self.snapshots = Reflector(kube, k.SNAPSHOT, self._notify, namespace, sel, optional=True)
-        self.reflectors = [self.vms, self.vmis, self.dvs, self.pvcs, self.services, self.nodes, self.storage_profiles,
-                           self.snapshots]
+        self.snapshots = per_namespace(k.SNAPSHOT, sel, optional=True)
+        self.namespaced = [self.vms, self.vmis, self.dvs, self.pvcs, self.services, self.snapshots]
         self.events = None
         if events:
             # Warnings only: they say why a start waits or fails, and they are a small share of a
             # busy cluster's Events (which carry no labels to select ours by).
             # Optional: without them a start only says less about why it waits.
-            self.events = Reflector(kube, k.EVENT, self._notify, namespace, None, keep=watched_event,
-                                    field_selector="type=Warning", optional=True)
-            self.reflectors.append(self.events)
+            self.events = per_namespace(k.EVENT, None, optional=True, keep=watched_event,
+                                        field_selector="type=Warning")
+            self.namespaced.append(self.events)
+        # Whether a machine's node still answers: KubeVirt leaves the VMI Running on a lost node.
+        self.nodes = Reflector(kube, k.NODE, self._notify, optional=True)
+        # How CDI clones into each StorageClass (copy, or copy-on-write): the clone queue needs it.
+        self.storage_profiles = Reflector(kube, k.STORAGE_PROFILE, self._notify, optional=True)
+        self.cluster = [self.nodes, self.storage_profiles]
+        # The namespaces to watch: the one shared namespace, or those labelled as this project's
+        # (the hub labels the ones it makes; the admission policy lets it act in no other).
+        self.shared_namespace = namespace
+        self.namespaces: Reflector | None = None
+        if namespace is None:
+            self.namespaces = Reflector(kube, k.NAMESPACE, self._notify,
+                                        label_selector=f"app.kubernetes.io/managed-by={m.MANAGED_BY}")
+            self.namespaces.on_object.append(self._namespace_changed)
+            self.namespaces.on_reset.append(self._namespaces_listed)
+            self.cluster.append(self.namespaces)
+        self._watching: dict[str, asyncio.Task] = {}  # namespace: its binding and watches, once
+        self._binding: dict[str, asyncio.Lock] = {}
+        self._bind_refused: dict[str, tuple[float, str]] = {}  # namespace: when, and what it said
+        self._username: str | None = None
         self.started = False
+
+    @property
+    def reflectors(self) -> list[Reflector]:
+        """Every reflector: the cluster-wide ones and each watched namespace's."""
+        return self.cluster + [r for cache in self.namespaced for r in cache.members.values()]
 
     def start(self):
         if self.started:
             return
         loop = asyncio.get_running_loop()
-        for r in self.reflectors:
+        for r in self.cluster:
             r.start(loop)
         self.started = True
+        if self.shared_namespace is not None:
+            self._watch(self.shared_namespace)
 
     def stop(self):
-        for r in self.reflectors:
+        for r in self.cluster:
             r.stop()
+        for cache in self.namespaced:
+            cache.stop()
+        for task in self._watching.values():
+            task.cancel()
 
+    # ------------------------------------------------ the watched namespaces
+    def _namespace_changed(self, obj: dict | None, key: tuple[str, str]):
+        if obj is None:
+            self._unwatch(key[1])
+        else:
+            self._watch(key[1])
+
+    def _namespaces_listed(self, objects, _namespace: str | None):
+        listed = {obj["metadata"]["name"] for obj in objects}
+        for namespace in listed:
+            self._watch(namespace)
+        for namespace in set(self._watching) - listed:
+            self._unwatch(namespace)
+
+    def _watch(self, namespace: str) -> asyncio.Task:
+        """Bind the hub in the namespace and watch it from now on (once); the task that does it."""
+        task = self._watching.get(namespace)
+        if task is None:
+            task = self._watching[namespace] = asyncio.get_running_loop().create_task(
+                self._bind_and_watch(namespace), name=f"watch-namespace-{namespace}")
+        return task
+
+    def _unwatch(self, namespace: str):
+        task = self._watching.pop(namespace, None)
+        if task is not None:
+            task.cancel()
+        for cache in self.namespaced:
+            cache.drop(namespace)
+        self._notify(namespace)
+
+    async def _bind_and_watch(self, namespace: str):
+        try:
+            await self._bind(namespace)
+        except Exception:  # the watches start anyway, and say what they are refused
+            self.kube.log.exception("binding the hub in Namespace %s failed", namespace)
+        loop = asyncio.get_running_loop()
+        for cache in self.namespaced:
+            cache.add(namespace, loop)
+
+    async def _whoami(self) -> str:
+        """The hub's user name as the API server knows it (a SelfSubjectReview, which every
+        authenticated user may ask: the system:basic-user role)."""
+        if self._username is None:
+            review = await self.kube.call("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews", None,
+                                          {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
+            username = field_value(review or {}, "status.userInfo.username")
+            if not username:
+                raise k.KubeError(500, "InternalError", "the API server's SelfSubjectReview named no user")
+            self._username = username
+        return self._username
+
+    async def _bind(self, namespace: str):
+        """Bind the hub's namespaced role in `namespace` (deploy/rbac/), so that it may watch and act
+        there. Usually it is bound already (409): a namespace is bound with its first workstation,
+        and again by each hub that starts. Never raises: a namespace the hub cannot be bound in is
+        refused, and says so, when its caches are read."""
+        lock = self._binding.setdefault(namespace, asyncio.Lock())
+        async with lock:
+            refused_at, refusal = self._bind_refused.get(namespace, (0.0, ""))
+            if time.monotonic() - refused_at < BIND_RETRY_SECONDS:
+                return  # (each kind's watch asks again after its refusal: once for all of them)
+            try:
+                binding = m.hub_role_binding(namespace, await self._whoami())
+                await self._create_binding(binding)
+                self._bind_refused.pop(namespace, None)
+            except k.KubeError as err:
+                self._bind_refused[namespace] = (time.monotonic(), str(err))
+                if str(err) != refusal:  # told once, not at every retry
+                    self.kube.log.warning(
+                        "%scannot bind the hub's role %s in Namespace %s: %s. Its workstations work only once "
+                        "the hub's ServiceAccount is bound to it there (see deploy/rbac/)",
+                        "permission missing: " if err.status == 403 else "", m.HUB_NAMESPACED_ROLE, namespace, err)
+
+    async def _create_binding(self, binding: dict):
+        namespace = binding["metadata"]["namespace"]
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                await self.kube.create(k.ROLE_BINDING, binding)
+                self.kube.log.info("bound the hub's role %s in Namespace %s", m.HUB_NAMESPACED_ROLE, namespace)
+                return
+            except k.KubeError as err:
+                if err.status == 409:
+                    return
+                # A namespace made just now may not be found for a few seconds (kubernetes#135359).
+                if not err.not_found or time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+
+    async def watch_namespace(self, namespace: str):
+        """Watch a namespace from now on (the hub has just made it): returns once its caches are
+        started, not synced."""
+        self.start()
+        if self.namespaces is None and namespace != self.shared_namespace:
+            raise ValueError(f"these caches watch only {self.shared_namespace}, not {namespace}")
+        await asyncio.shield(self._watch(namespace))
+
+    # ------------------------------------------------ state
     @property
     def synced(self) -> bool:
-        return all(r.synced for r in self.reflectors)
+        """Every cache has the cluster's state: the cluster-wide ones, and each watched namespace's."""
+        return (all(r.synced for r in self.cluster) and all(task.done() for task in self._watching.values())
+                and all(cache.synced for cache in self.namespaced))
+
+    def synced_in(self, namespace: str) -> bool:
+        """The caches a workstation of `namespace` reads have the cluster's state. A namespace that
+        is not watched (it does not exist, or is not this project's) has nothing in it to wait for."""
+        if not all(r.synced for r in self.cluster):
+            return False
+        task = self._watching.get(namespace)
+        if task is None:
+            return self.namespaces is not None
+        return task.done() and all(cache.synced_in(namespace) for cache in self.namespaced)
+
+    def watches(self, namespace: str) -> bool:
+        """Whether the namespace is watched (or about to be): the hub is bound there, or binding."""
+        return namespace in self._watching
+
+    def lacks_namespace(self, namespace: str) -> bool:
+        """Whether the namespace is known not to be there as this project's (False: it is, or
+        these caches follow one shared namespace and cannot tell)."""
+        return self.namespaces is not None and self.namespaces.synced and self.namespaces.get("", namespace) is None
+
+    def refusal_for(self, namespace: str | None = None) -> k.KubeError | None:
+        """The 403 of a cache the hub needs and may not read (in `namespace`; None: anywhere), or None."""
+        required = [r for r in self.cluster if not r.optional]
+        required += [r for cache in self.namespaced if not cache.optional
+                     for ns, r in cache.members.items() if namespace is None or ns == namespace]
+        return next((r.refusal for r in required if r.refusal is not None), None)
 
     @property
     def refusal(self) -> k.KubeError | None:
-        """The 403 of a cache the hub needs and may not read, or None."""
-        return next((r.refusal for r in self.reflectors if r.refusal is not None and not r.optional), None)
+        return self.refusal_for(None)
 
     def unsynced(self) -> str:
         """Which caches are not synced and why, for a log line."""
-        return ", ".join(f"{r.kind.plural} ({r.last_error or 'no answer yet'})" for r in self.reflectors
+        return ", ".join(f"{r._what()} ({r.last_error or 'no answer yet'})" for r in self.reflectors
                          if not r.synced) or "none"
 
     def clone_strategy(self, storage_class: str) -> str | None:
@@ -310,7 +560,7 @@ class Caches:
             result = predicate()
             if result:
                 return result
-            refusal = self.refusal
+            refusal = self.refusal_for(namespace)
             if refusal is not None:
                 err = k.KubeError(refusal.status, refusal.reason, refusal.message, refusal.body, refusal.request)
                 err.logged = True  # the cache's own line told the admin
@@ -331,8 +581,19 @@ class Caches:
         except asyncio.TimeoutError:
             return  # nothing changed: the caller looks again anyway
 
-    async def wait_synced(self, timeout: float | None = None):
-        await self.wait_for(lambda: self.synced, timeout)
+    async def wait_synced(self, timeout: float | None = None, namespace: str | None = None):
+        """Wait until the caches have the cluster's state: all of them, or (with `namespace`) those
+        a workstation there reads. A namespace that exists is watched first, if it is not yet."""
+        if namespace is None:
+            await self.wait_for(lambda: self.synced, timeout)
+            return
+        deadline = None if timeout is None else time.monotonic() + timeout
+        await self.wait_for(lambda: all(r.synced for r in self.cluster), timeout, namespace)
+        if self.namespaces is None or self.namespaces.get("", namespace) is not None:
+            await asyncio.wait_for(self.watch_namespace(namespace),
+                                   None if deadline is None else max(0.0, deadline - time.monotonic()))
+        await self.wait_for(lambda: self.synced_in(namespace),
+                            None if deadline is None else max(0.0, deadline - time.monotonic()), namespace)
 
     def _node_of(self, vmi: dict) -> tuple[bool, dict | None]:
         """(whether the VMI is unfinished on a node, that node as cached). Without permission to
@@ -374,7 +635,6 @@ class Caches:
             name = (event.get("involvedObject") or {}).get("name") or ""
             return name in names or any(name.startswith(prefix) for prefix in prefixes)
 
-        out = [e for e in self.events.values()
-               if (e.get("metadata") or {}).get("namespace") == namespace and about(e)]
+        out = [e for e in self.events.in_namespace(namespace) if about(e)]
         return sorted(out, key=lambda e: (e.get("lastTimestamp") or e.get("eventTime") or "",
                                           int((e.get("metadata") or {}).get("resourceVersion") or 0)))

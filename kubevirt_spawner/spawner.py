@@ -517,7 +517,7 @@ class KubeVirtSpawner(Spawner):
                 raise WorkstationError(str(exc), reason="profile") from None
             ws = await self._workstation(profile, for_start=True)
             with refusals_explained(self.log, "start"):
-                await wait_synced(ws.caches, ws.log, self.k8s_api_retry_timeout)
+                await wait_synced(ws.caches, ws.log, self.k8s_api_retry_timeout, ws.ident.namespace)
             refuse_start_during_operation(ws)  # a restore or reset changes the machine now
             self.ip, self.port = "0.0.0.0", m.JUPYTER_PORT
             env = self.get_env()
@@ -569,7 +569,7 @@ class KubeVirtSpawner(Spawner):
             ws = await self._workstation()
             # Never report a running machine as stopped before the caches know.
             with refusals_explained(self.log, "be checked"):
-                await wait_synced(ws.caches, ws.log, self.k8s_api_retry_timeout)
+                await wait_synced(ws.caches, ws.log, self.k8s_api_retry_timeout, ws.ident.namespace)
         except WorkstationError as err:
             self.log.warning("cannot tell whether the workstation of %s runs (%s): reporting it as running",
                              self._log_name, err.reason)

@@ -142,11 +142,12 @@ def refusals_explained(log: logging.Logger | logging.LoggerAdapter, doing: str):
             reason="forbidden", status_code=500) from err
 
 
-async def wait_synced(caches: Caches, log: logging.Logger | logging.LoggerAdapter, timeout: float):
-    """Wait for the caches, at most `timeout` seconds: without them nothing can be decided. (A
-    cache the hub may not read fails at once, with its KubeError.)"""
+async def wait_synced(caches: Caches, log: logging.Logger | logging.LoggerAdapter, timeout: float,
+                      namespace: str | None = None):
+    """Wait for the caches (those of `namespace`; None: all), at most `timeout` seconds: without
+    them nothing can be decided. (A cache the hub may not read fails at once, with its KubeError.)"""
     try:
-        await caches.wait_synced(max(0.0, timeout))
+        await caches.wait_synced(max(0.0, timeout), namespace)
     except asyncio.TimeoutError:
         log.error("the hub's caches are not synced after %.0fs: %s", timeout, caches.unsynced())
         raise WorkstationError(
@@ -254,16 +255,17 @@ class Workstation:
     async def _start(self, env, args, report) -> str:
         deadline = time.monotonic() + self.settings.start_timeout
         with refusals_explained(self.log, "start"):
-            await wait_synced(self.caches, self.log, self.settings.start_timeout)
+            await wait_synced(self.caches, self.log, self.settings.start_timeout, self.ident.namespace)
             self._refuse_foreign()  # (before the `try`: its failure path stops the machine by name)
             vm = self.vm  # a machine an account of this name made at another time never retired
             if vm is not None and m.ANNOTATION_USER_CREATED in (vm["metadata"].get("annotations") or {}):
                 self._refuse_earlier_accounts([(k.VM, vm)])
+            refused = await self._prepare_namespace(deadline) if vm is None else None
             try:
                 self._refuse_double_attach()
                 report(1, "Preparing your workstation")
                 new = self.vm is None
-                await self._provision(report, deadline)
+                await self._provision(report, deadline, refused)
                 await self._write_env(env, args, new)
                 await self._wait_for_shutdown(report, deadline)
                 await self._request_start(report, deadline)
@@ -307,9 +309,22 @@ class Workstation:
                     f"Your workstation's disk is in use by another virtual machine ({name} on {node}). "
                     f"Stop it first, or ask your administrator.", reason="disk-in-use", status_code=409)
 
-    async def _provision(self, report: Report, deadline: float):
-        """Create whatever is missing; adopt what exists (after a hub restart, or a second start)."""
-        refused = await self._ensure_namespace() if self.vm is None else None
+    async def _prepare_namespace(self, deadline: float) -> k.KubeError | None:
+        """The namespace of a first start, made when missing, bound and watched: before anything is
+        made there (so nothing needs stopping when this fails). The refusal to make one, when the
+        hub may not but one may exist."""
+        refused = await self._ensure_namespace()
+        if refused is not None and self.caches.lacks_namespace(self.ident.namespace):
+            raise refused  # the hub may not make it, and nothing can be made in a namespace that is not there
+        if refused is None:
+            # A namespace made just now: the hub binds its role there and watches it from now on.
+            await self.caches.watch_namespace(self.ident.namespace)
+            await wait_synced(self.caches, self.log, deadline - time.monotonic(), self.ident.namespace)
+        return refused
+
+    async def _provision(self, report: Report, deadline: float, refused: k.KubeError | None):
+        """Create whatever is missing; adopt what exists (after a hub restart, or a second start).
+        `refused`: the refusal to make the namespace, if the hub was refused."""
         try:
             await self._ensure_namespace_guards()
             await self._provision_objects(report, deadline)
@@ -596,10 +611,12 @@ class Workstation:
 
     async def _stop(self, now: bool):
         with refusals_explained(self.log, "stop"):
-            await wait_synced(self.caches, self.log, self.settings.stop_timeout)
+            await wait_synced(self.caches, self.log, self.settings.stop_timeout, self.ident.namespace)
             self._refuse_foreign()
-            # Always ask: the cache may not show a VM we have just created (a stop after a failed start).
-            await self._stop_call(now)
+            # Always ask: the cache may not show a VM we have just created (a stop after a failed
+            # start). Only in a namespace the hub watches: it makes nothing before it watches one.
+            if self.caches.watches(self.ident.namespace):
+                await self._stop_call(now)
             await self._wait_stopped()
 
     async def _wait_stopped(self):
@@ -632,7 +649,7 @@ class Workstation:
         """Make sure the VM does not come back by itself (KubeVirt restarts a VM whose runStrategy
         is Always when its guest powers off or crashes, or when a lost node is fenced)."""
         with refusals_explained(self.log, "stop"):
-            await wait_synced(self.caches, self.log, self.settings.stop_timeout)
+            await wait_synced(self.caches, self.log, self.settings.stop_timeout, self.ident.namespace)
             self._refuse_foreign()
             if self.vm is not None and field_value(self.vm, "spec.runStrategy") not in (None, "Halted"):
                 self.log.info("%s ended on its own (%s): setting it to Halted", self.ident.vm, self.status())
@@ -684,7 +701,7 @@ class Workstation:
         finished (Succeeded) or say why it failed. `again`: a snapshot of that name that exists
         already is the one asked for (an operation picking up where it was interrupted)."""
         with refusals_explained(self.log, "take a snapshot"):
-            await wait_synced(self.caches, self.log, timeout)
+            await wait_synced(self.caches, self.log, timeout, self.ident.namespace)
             self._refuse_foreign()
             self._need(self.caches.snapshots)
             try:
@@ -775,7 +792,7 @@ class Workstation:
         by nobody, with a VirtualMachineRestore called `restore_name` (made unless it exists: an
         interrupted operation follows the one it made). Returns the finished restore."""
         with refusals_explained(self.log, "be restored"):
-            await wait_synced(self.caches, self.log, timeout)
+            await wait_synced(self.caches, self.log, timeout, self.ident.namespace)
             self._refuse_foreign()
             snap = self.snapshot_for_restore(name)
             if self.status() != "stopped":
@@ -933,7 +950,7 @@ class Workstation:
         """Delete the system disk (its DataVolume and PVC) of a stopped machine and wait until both are
         gone. Only a system reset does this; the workspace disk is never touched."""
         with refusals_explained(self.log, "delete its system disk"):
-            await wait_synced(self.caches, self.log, timeout)
+            await wait_synced(self.caches, self.log, timeout, self.ident.namespace)
             self._refuse_foreign()
             if self.attached_elsewhere() or self.status() != "stopped":
                 raise WorkstationError("Your workstation must be stopped before its system disk is replaced.",
@@ -973,7 +990,7 @@ class Workstation:
 
     async def delete_snapshot(self, name: str):
         with refusals_explained(self.log, "delete a snapshot"):
-            await wait_synced(self.caches, self.log, self.settings.stop_timeout)
+            await wait_synced(self.caches, self.log, self.settings.stop_timeout, self.ident.namespace)
             self._refuse_foreign()
             self._need(self.caches.snapshots)
             snap = self._snapshot(name)
@@ -1002,7 +1019,7 @@ class Workstation:
 
     async def _retire(self) -> list[str]:
         ident = self.ident
-        await wait_synced(self.caches, self.log, self.settings.stop_timeout)
+        await wait_synced(self.caches, self.log, self.settings.stop_timeout, self.ident.namespace)
         # Under names another workstation has taken (a forced slug collision) the machine, its
         # Service and Secret are the other's: an account deleted keeps only what is its own.
         foreign = self._foreign_object()

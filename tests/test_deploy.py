@@ -207,7 +207,8 @@ def test_settings_reach_the_manifests(tmp_path):
         {"pciVendorSelector": "10DE:20B0", "resourceName": "nvidia.com/A100-PCIE-40GB"},
         {"pciVendorSelector": "10DE:2236", "resourceName": "nvidia.com/A10"}]
     assert kv["spec"]["configuration"]["developerConfiguration"]["featureGates"] == ["HostDevices", "Snapshot"]
-    binding = list(yaml.safe_load_all((tmp_path / "out" / "rbac" / "hub-clusterrole.yaml").read_text()))[1]
+    binding = next(doc for doc in yaml.safe_load_all((tmp_path / "out" / "rbac" / "hub-clusterrole.yaml").read_text())
+                   if doc["kind"] == "ClusterRoleBinding")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "hub", "namespace": "research-hub"}]
 
 

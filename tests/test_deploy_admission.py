@@ -37,7 +37,8 @@ RESOURCES = {"Namespace": ("", "v1", "namespaces"), "Secret": ("", "v1", "secret
              "Pod": ("", "v1", "pods"), "ResourceQuota": ("", "v1", "resourcequotas"),
              "LimitRange": ("", "v1", "limitranges"),
              "NetworkPolicy": ("networking.k8s.io", "v1", "networkpolicies"),
-             "PersistentVolume": ("", "v1", "persistentvolumes")}
+             "PersistentVolume": ("", "v1", "persistentvolumes"),
+             "RoleBinding": ("rbac.authorization.k8s.io", "v1", "rolebindings")}
 
 
 @dataclasses.dataclass
@@ -137,14 +138,16 @@ def spawner_objects() -> list[dict]:
             m.virtual_machine_restore(IDENT, m.snapshot_object_name(IDENT, "before-cuda"), "restore-1"),
             m.network_policy(IDENT, SPEC.ports, [{"namespaceSelector": {}}]),
             m.resource_quota(IDENT, {"requests.storage": "1Ti"}),
-            m.limit_range(IDENT, [{"type": "PersistentVolumeClaim", "max": {"storage": "500Gi"}}])]
+            m.limit_range(IDENT, [{"type": "PersistentVolumeClaim", "max": {"storage": "500Gi"}}]),
+            m.hub_role_binding(IDENT.namespace, HUB)]
 
 
 def test_everything_the_spawner_does_passes(policy):
     assert create(policy, MANAGED_NS) == Verdict(True, True)
     for obj in spawner_objects():
         assert create(policy, obj) == Verdict(True, True), obj["kind"]
-        assert delete(policy, obj) == Verdict(True, True), obj["kind"]
+        if obj["kind"] != "RoleBinding":  # the hub never deletes its binding
+            assert delete(policy, obj) == Verdict(True, True), obj["kind"]
     # the disk CDI made from the DataVolume carries its labels, but CDI's own managed-by (CDI's
     # pkg/controller/datavolume/controller-base.go newPersistentVolumeClaim, then
     # pkg/util/util.go SetRecommendedLabels, whose static labels win); the hub marks it retained,
@@ -468,3 +471,46 @@ def test_a_sites_own_labels_annotations_and_taints_pass_once_listed(tmp_path, po
     settings.write_text(text)
     listed = rendered_policy(tmp_path / "out", settings)
     assert create(listed, m.virtual_machine(IDENT, site)) == Verdict(True, True)
+
+
+def _binding(**changes) -> dict:
+    binding = m.hub_role_binding(IDENT.namespace, HUB)
+    binding.update(copy.deepcopy(changes))
+    return binding
+
+
+@pytest.mark.parametrize("binding,why", [
+    (_binding(roleRef={"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"}),
+     "another role"),
+    (_binding(roleRef={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": m.HUB_NAMESPACED_ROLE}),
+     "a Role of the namespace by that name"),
+    (_binding(subjects=[{"kind": "ServiceAccount", "name": "default", "namespace": IDENT.namespace}]),
+     "the user's ServiceAccount"),
+    (_binding(subjects=[m.rbac_subject(HUB), {"kind": "Group", "apiGroup": "rbac.authorization.k8s.io",
+                                              "name": "system:authenticated"}]), "everyone besides"),
+    (_binding(subjects=[{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": HUB}]),
+     "a user of the hub's name"),
+    (_binding(subjects=[]), "no one"),
+])
+def test_the_hub_binds_only_its_own_role_to_itself(policy, binding, why):
+    """Its rights in a namespace come from the RoleBinding it makes (deploy/rbac/): RBAC lets it
+    bind its namespaced role (`bind`), the policy lets it bind nothing else and to no one else."""
+    verdict = create(policy, binding)
+    assert not verdict.allowed and "may only bind ClusterRole kubevirt-spawner-hub-namespaced to itself" in \
+        verdict.message, why
+
+
+def test_the_hub_binds_itself_only_in_users_namespaces_and_changes_no_binding(policy):
+    foreign = m.hub_role_binding("payroll", HUB)
+    verdict = create(policy, foreign, FOREIGN_NS)
+    assert not verdict.allowed and "only act in namespaces labelled" in verdict.message
+    # a namespace labelled as the hub labels its own, but not a user's (USER_NAMESPACE_PREFIX)
+    system = copy.deepcopy(MANAGED_NS)
+    system["metadata"]["name"] = "kube-system"
+    verdict = create(policy, m.hub_role_binding("kube-system", HUB), system)
+    assert not verdict.allowed and "in users' namespaces (notebook-...)" in verdict.message
+    own = m.hub_role_binding(IDENT.namespace, HUB)
+    wider = copy.deepcopy(own)
+    wider["subjects"].append({"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": "system:authenticated"})
+    for verdict in (update(policy, own, wider), update(policy, own, own), delete(policy, own)):
+        assert not verdict.allowed and "change no binding" in verdict.message

@@ -115,23 +115,24 @@ async def lifecycle(sim, kubeconfig: str) -> Outcome:
 async def test_the_hub_runs_on_deploy_rbac_and_uses_every_permission_it_grants(rsim, tmp_path):
     """Sufficient: the whole lifecycle works with the ServiceAccount bound to deploy/rbac/, without
     a single refusal. And nothing granted is unused: every verb on every resource of the
-    ClusterRole shows in what the API server authorized for the hub."""
+    ClusterRoles (the cluster-wide one and the one it binds in each user namespace) shows in what the
+    API server authorized for the hub."""
     kubeconfig = hub_kubeconfig(rsim, tmp_path / "hub.kubeconfig")
     sim_api(rsim, "DELETE", "/authorized")
     outcome = await lifecycle(rsim, kubeconfig)
     assert outcome.error is None and outcome.complaints == []
     used = {(a["verb"], a["group"], a["resource"]) for a in sim_api(rsim, "GET", "/authorized")["authorized"]
             if a["user"] == HUB_USER}
-    cluster_role = next(o for o in hub_rbac_objects() if o["kind"] == "ClusterRole")
-    granted = {(verb, group, resource) for rule in cluster_role["rules"] for verb in rule["verbs"]
+    granted = {(verb, group, resource) for role in hub_rbac_objects() if role["kind"] == "ClusterRole"
+               for rule in role["rules"] for verb in rule["verbs"]
                for group in rule["apiGroups"] for resource in rule["resources"]}
     assert granted - used == set(), "granted but never used"
 
 
-def _without(objects: list[dict], kind: str, index: int, verb: str) -> list[dict]:
-    """The RBAC with one verb less in one rule (the rule gone when that was its only verb)."""
+def _without(objects: list[dict], name: str, index: int, verb: str) -> list[dict]:
+    """The RBAC with one verb less in one rule of role `name` (the rule gone when that was its only verb)."""
     out = copy.deepcopy(objects)
-    role = next(o for o in out if o["kind"] == kind)
+    role = next(o for o in out if o["kind"] in ("ClusterRole", "Role") and o["metadata"]["name"] == name)
     role["rules"][index]["verbs"].remove(verb)
     if not role["rules"][index]["verbs"]:
         del role["rules"][index]
@@ -139,18 +140,19 @@ def _without(objects: list[dict], kind: str, index: int, verb: str) -> list[dict
 
 
 def _grants() -> list:
-    return [pytest.param(obj["kind"], i, verb, rule["resources"], id=f"{obj['kind']}-{rule['resources'][0]}-{verb}")
+    return [pytest.param(obj["metadata"]["name"], i, verb, rule["resources"],
+                         id=f"{obj['metadata']['name']}-{rule['resources'][0]}-{verb}")
             for obj in hub_rbac_objects() if obj["kind"] in ("ClusterRole", "Role")
             for i, rule in enumerate(obj["rules"]) for verb in rule["verbs"]]
 
 
-@pytest.mark.parametrize("kind,index,verb,resources", _grants())
-async def test_every_permission_is_needed_and_its_absence_is_explained(rsim, tmp_path, kind, index, verb, resources):
+@pytest.mark.parametrize("role,index,verb,resources", _grants())
+async def test_every_permission_is_needed_and_its_absence_is_explained(rsim, tmp_path, role, index, verb, resources):
     """Minimal: without any one rule, or any one verb of a rule, the lifecycle meets a refusal. The
     admin gets one log line per refused request, naming it and the cluster's reason (the verb and
     resource); a start or stop that cannot go on tells the user in one sentence to ask the
     administrator."""
-    objects = _without(hub_rbac_objects(), kind, index, verb)
+    objects = _without(hub_rbac_objects(), role, index, verb)
     kubeconfig = hub_kubeconfig(rsim, tmp_path / "hub.kubeconfig", objects)
     try:
         outcome = await lifecycle(rsim, kubeconfig)
@@ -163,6 +165,8 @@ async def test_every_permission_is_needed_and_its_absence_is_explained(rsim, tmp
     wanted = [f'cannot {verb} resource "{r}"' for r in resources] + [f"cannot read {r} " for r in resources]
     if resources == ["datavolumes/source"]:
         wanted.append("insufficient permissions in clone source namespace vm-images")
+    if resources == ["clusterroles"]:  # binding a role it may not bind (escalation_check.go)
+        wanted.append("is attempting to grant RBAC permissions not currently held")
     assert [line for line in outcome.complaints if any(w in line for w in wanted)], outcome.complaints
     if outcome.error is not None:
         assert outcome.error.reason == "forbidden"
@@ -196,6 +200,7 @@ async def test_only_the_authorizers_refusals_are_missing_permissions(rsim, tmp_p
     http(rsim).delete(bindings + golden_role["metadata"]["name"]).raise_for_status()
     ident = names.identity(f"c{uuid.uuid4().hex[:6]}")
     await admin.create(k.NAMESPACE, m.namespace(ident))
+    await admin.create(k.ROLE_BINDING, m.hub_role_binding(ident.namespace, HUB_USER))  # as the hub binds itself
     try:
         with pytest.raises(k.KubeError) as clone:
             await hub.create(k.DV, m.root_datavolume(ident, m.MachineSpec()))
@@ -215,3 +220,52 @@ def test_nothing_in_deploy_rbac_is_a_wildcard():
         assert rule.get("resources") and "nonResourceURLs" not in rule, rule
         for field in ("apiGroups", "resources", "verbs", "resourceNames"):
             assert not any("*" in value for value in rule.get(field) or []), rule
+
+
+async def test_the_hub_reaches_nothing_outside_the_namespaces_it_is_bound_in(rsim, tmp_path):
+    """Bound to deploy/rbac/, the hub holds nothing namespaced cluster-wide: a tenant's VM in
+    another namespace (its cloud-init user data holding a password) cannot be listed, read, started,
+    stopped or restarted by the hub (virt-api authorizes the subresources as `update
+    virtualmachines/start` and so on: pkg/virt-api/rest/authorizer.go), nor its guest's filesystems,
+    Secrets or Events read. The hub cannot bind itself cluster-wide, nor bind any role but its own
+    (pkg/registry/rbac/escalation_check.go: binding cluster-admin is refused). That it binds its own
+    role only to itself and only in users' namespaces is the admission policy's part
+    (tests/test_deploy_admission.py)."""
+    admin = k.Kube(k.load_api_client(rsim.kubeconfig), logging.getLogger("admin"))
+    hub = k.Kube(k.load_api_client(hub_kubeconfig(rsim, tmp_path / "hub.kubeconfig")), logging.getLogger("hub"),
+                 retry_timeout=2)
+    tenant = f"tenant-{uuid.uuid4().hex[:6]}"
+    await admin.create(k.NAMESPACE, {"metadata": {"name": tenant}})
+    vm = m.virtual_machine(names.identity("infra"), m.MachineSpec())
+    vm["metadata"] = {"name": "billing-db", "namespace": tenant}
+    vm["spec"]["template"]["spec"]["volumes"] = [
+        v for v in vm["spec"]["template"]["spec"]["volumes"] if "cloudInitNoCloud" not in v] + [
+        {"name": "cloudinit", "cloudInitNoCloud": {"userData": "#cloud-config\npassword: hunter2\n"}}]
+    await admin.create(k.VM, vm)
+    refused = {
+        "list VMs everywhere": hub.call("GET", k.VM.path()),
+        "list the tenant's VMs": hub.call("GET", k.VM.path(tenant)),
+        "start": hub.vm_action(tenant, "billing-db", "start"),
+        "stop": hub.vm_action(tenant, "billing-db", "stop"),
+        "restart": hub.vm_action(tenant, "billing-db", "restart"),
+        "filesystems": hub.call("GET", k.VMI_SUBRESOURCES.path(tenant, "billing-db", "filesystemlist")),
+        "list Events everywhere": hub.call("GET", k.EVENT.path()),
+        "list the tenant's Secrets": hub.call("GET", k.SECRET.path(tenant)),
+        "list disks everywhere": hub.call("GET", k.PVC.path()),
+        "bind itself cluster-wide": hub.create(k.Kind("ClusterRoleBinding", "rbac.authorization.k8s.io", "v1",
+                                                      "clusterrolebindings", namespaced=False), {
+            "metadata": {"name": "hub-everywhere"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": m.HUB_NAMESPACED_ROLE},
+            "subjects": [m.rbac_subject(HUB_USER)]}),
+        "bind cluster-admin": hub.create(k.ROLE_BINDING, {
+            **m.hub_role_binding(tenant, HUB_USER),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"}}),
+    }
+    for what, call in refused.items():
+        with pytest.raises(k.KubeError) as err:
+            await call
+        assert err.value.status == 403, what
+    vms = (await admin.call("GET", k.VM.path(tenant)))["items"]
+    assert [v["spec"]["runStrategy"] for v in vms] == ["Halted"]  # never started
+    await admin.aclose()
+    await hub.aclose()

@@ -7,15 +7,23 @@ import collections
 import logging
 import types
 
-from kubevirt_spawner.reflector import LAST_APPLIED, Caches
+from kubevirt_spawner import kube as k
+from kubevirt_spawner.reflector import LAST_APPLIED, Caches, PerNamespace, Reflector
 
 
 def caches() -> Caches:
     c = Caches(types.SimpleNamespace(log=logging.getLogger("test-hub")), "app.kubernetes.io/managed-by")
-    c.started = True  # fed by hand: no watch threads
-    for r in c.reflectors:
+    c.started = True  # fed by hand: no watch tasks
+    for r in c.cluster:
         r.synced = True
     return c
+
+
+def member(cache: PerNamespace, namespace: str) -> Reflector:
+    """A watched namespace's reflector of one kind, synced, fed by hand."""
+    r = cache.add(namespace, None)
+    r.synced = True
+    return r
 
 
 def dv(namespace: str, name: str) -> dict:
@@ -44,10 +52,10 @@ async def test_a_change_wakes_only_the_waiters_of_its_namespace():
     await asyncio.sleep(0)
     assert set(checks.values()) == {1}
     for step in range(1000):
-        c.dvs._apply([("MODIFIED", dv("ns0", f"other-{step % 3}"))])
+        member(c.dvs, "ns0")._apply([("MODIFIED", dv("ns0", f"other-{step % 3}"))])
         await settle()
     assert checks["ns0"] == 1001 and all(checks[f"ns{i}"] == 1 for i in range(1, 200))
-    c.dvs._apply([("ADDED", dv("ns7", "disk"))])
+    member(c.dvs, "ns7")._apply([("ADDED", dv("ns7", "disk"))])
     assert (await asyncio.wait_for(waiters[7], 1))["metadata"]["name"] == "disk"
     await settle()
     assert checks["ns7"] == 2 and checks["ns8"] == 1
@@ -60,14 +68,15 @@ async def test_a_change_wakes_only_the_waiters_of_its_namespace():
 
 
 async def test_a_batch_of_events_wakes_each_namespace_once_and_listeners_see_each_object():
-    c = caches()
+    """A reflector of a whole cluster (as the cluster-scoped kinds are) wakes each namespace of a
+    batch once."""
     seen = []
-    c.dvs.on_object.append(lambda obj, key: seen.append((key, obj is not None)))
     woken: collections.Counter = collections.Counter()
-    c._notify = lambda namespace: woken.update([namespace])  # type: ignore[method-assign]
-    c.dvs._on_change = c._notify
-    c.dvs._apply([("ADDED", dv("a", "x")), ("MODIFIED", dv("a", "x")), ("ADDED", dv("b", "y")),
-                  ("DELETED", dv("a", "x"))])
+    dvs = Reflector(types.SimpleNamespace(log=logging.getLogger("test-hub")), k.DV,
+                    lambda namespace: woken.update([namespace]))
+    dvs.on_object.append(lambda obj, key: seen.append((key, obj is not None)))
+    dvs._apply([("ADDED", dv("a", "x")), ("MODIFIED", dv("a", "x")), ("ADDED", dv("b", "y")),
+                ("DELETED", dv("a", "x"))])
     assert woken == {"a": 1, "b": 1}
     assert seen == [(("a", "x"), True), (("a", "x"), True), (("b", "y"), True), (("a", "x"), False)]
 

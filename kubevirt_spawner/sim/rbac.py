@@ -176,20 +176,29 @@ def confirm_no_escalation(store, user: User | None, kind: str, obj: dict, rules:
         {"name": name, "group": "rbac.authorization.k8s.io", "kind": plural})
 
 
+def waiver(kind: str, obj: dict) -> Request:
+    """The permission that lets a user write a role (`escalate`) or a binding (`bind` its role)
+    granting more than they hold; the API server asks the authorizer for it first."""
+    if kind in ("Role", "ClusterRole"):
+        namespace = obj["metadata"].get("namespace", "") if kind == "Role" else ""
+        plural = "roles" if kind == "Role" else "clusterroles"
+        return Request("escalate", "rbac.authorization.k8s.io", plural, "", namespace, obj["metadata"]["name"])
+    namespace = obj["metadata"].get("namespace", "") if kind == "RoleBinding" else ""
+    ref = obj.get("roleRef") or {}
+    plural = "clusterroles" if ref.get("kind") == "ClusterRole" else "roles"
+    return Request("bind", ref.get("apiGroup", "rbac.authorization.k8s.io"), plural, "", namespace,
+                   ref.get("name", ""))
+
+
 def check_role_write(store, user: User | None, kind: str, obj: dict):
     namespace = obj["metadata"].get("namespace", "") if kind == "Role" else ""
-    plural = "roles" if kind == "Role" else "clusterroles"
-    waiver = Request("escalate", "rbac.authorization.k8s.io", plural, "", namespace, obj["metadata"]["name"])
-    confirm_no_escalation(store, user, kind, obj, obj.get("rules") or [], namespace, waiver)
+    confirm_no_escalation(store, user, kind, obj, obj.get("rules") or [], namespace, waiver(kind, obj))
 
 
 def check_binding_write(store, user: User | None, kind: str, obj: dict):
     namespace = obj["metadata"].get("namespace", "") if kind == "RoleBinding" else ""
     ref = obj.get("roleRef") or {}
-    plural = "clusterroles" if ref.get("kind") == "ClusterRole" else "roles"
-    waiver = Request("bind", ref.get("apiGroup", "rbac.authorization.k8s.io"), plural, "", namespace,
-                     ref.get("name", ""))
-    confirm_no_escalation(store, user, kind, obj, _rules_of(store, ref, namespace), namespace, waiver)
+    confirm_no_escalation(store, user, kind, obj, _rules_of(store, ref, namespace), namespace, waiver(kind, obj))
 
 
 # The API server's bootstrap policy (plugin/pkg/auth/authorizer/rbac/bootstrappolicy/policy.go):
@@ -218,6 +227,12 @@ def bootstrap_objects() -> list[dict]:
         binding("system:discovery", ["system:authenticated"]),
         cluster_role("system:public-info-viewer", [{"nonResourceURLs": _PUBLIC_INFO_URLS, "verbs": ["get"]}]),
         binding("system:public-info-viewer", ["system:authenticated", "system:unauthenticated"]),
+        # Who am I (kubectl auth whoami) and what may I do: every authenticated user may ask.
+        cluster_role("system:basic-user", [
+            {"apiGroups": ["authorization.k8s.io"], "resources": ["selfsubjectaccessreviews",
+                                                                  "selfsubjectrulesreviews"], "verbs": ["create"]},
+            {"apiGroups": ["authentication.k8s.io"], "resources": ["selfsubjectreviews"], "verbs": ["create"]}]),
+        binding("system:basic-user", ["system:authenticated"]),
     ]
 
 

@@ -171,6 +171,8 @@ class ApiHandler(tornado.web.RequestHandler):
         ns, plural, name, sub = m.group("ns"), m.group("plural"), m.group("name"), m.group("sub")
         if group == SUBRESOURCES_GROUP:
             return await self._kubevirt_subresource(method, ns, plural, name, sub)
+        if group == "authentication.k8s.io" and plural == "selfsubjectreviews" and not ns and not name:
+            return self._self_subject_review(method)
         # /api/v1/namespaces/{name}[/status] addresses the Namespace itself.
         if group == "" and ns and plural in ("status", "finalize") and not name:
             plural, name, sub, ns = "namespaces", ns, plural, None
@@ -222,6 +224,16 @@ class ApiHandler(tornado.web.RequestHandler):
             raise errors.bad_request("the request body must be an object")
         account = self.store.must_get(rt, namespace, name)
         self._send(self.cluster.auth.issue(account, body), 201)
+
+    def _self_subject_review(self, method: str):
+        """The SelfSubjectReview API (kubectl auth whoami): who the caller is, as authenticated;
+        nothing is stored (pkg/registry/authentication/selfsubjectreview/rest.go)."""
+        if method != "POST":
+            raise errors.method_not_allowed()
+        self._authorize(rbac.Request("create", "authentication.k8s.io", "selfsubjectreviews", "", "", ""))
+        self._send({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview",
+                    "metadata": {"creationTimestamp": None},
+                    "status": {"userInfo": {"username": self.user.name, "groups": list(self.user.groups)}}}, 201)
 
     def _verb(self, method: str, name: str | None) -> str:
         if method == "GET":
@@ -394,6 +406,10 @@ class ApiHandler(tornado.web.RequestHandler):
             if causes:
                 raise errors.invalid(rt, name, causes)
         self.cluster.faults.call_webhooks(rt.kind)
+        if rt.kind in ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding") and not self.user.superuser:
+            asked = rbac.waiver(rt.kind, obj)  # what the API server asks the authorizer first
+            if rbac.allowed(self.store, self.user, asked):
+                self.cluster.authorized[(self.user.name, asked.verb, asked.group, asked.combined_resource)] += 1
         admit(self.store, rt, obj, old, self.user)
         return obj
 
