@@ -185,15 +185,16 @@ class Reflector:
                 failures += 1
                 delay = min(0.5 * 2 ** min(failures, 6), 30.0) * (0.5 + random.random() / 2)
                 level = logging.DEBUG if err.status == 410 else logging.WARNING
-                self.kube.log.log(level, "watch of %s restarting in %.1fs: %s", self._what(), delay, err)
+                self.kube.log.log(level, "watch of %s restarting in %.1fs: %s", self.describe(), delay, err)
                 await asyncio.sleep(0 if err.status == 410 else delay)
             except Exception:  # never let the cache die silently
                 if self._stopping:
                     return
-                self.kube.log.exception("watch of %s failed", self._what())
+                self.kube.log.exception("watch of %s failed", self.describe())
                 await asyncio.sleep(5)
 
-    def _what(self) -> str:
+    def describe(self) -> str:
+        """What this reflector watches, for a log line."""
         return self.kind.plural + (f" in {self.namespace}" if self.namespace else "")
 
     def _log_refusal(self, err: k.KubeError):
@@ -202,10 +203,10 @@ class Reflector:
             need += f" in {self.namespace} (ClusterRole {m.HUB_NAMESPACED_ROLE}, bound there)"
         if self.optional:
             self.kube.log.warning("cannot read %s: %s. Going on without them; the hub's ServiceAccount needs %s "
-                                  "(see deploy/rbac/)", self._what(), err, need)
+                                  "(see deploy/rbac/)", self.describe(), err, need)
         else:
             self.kube.log.error("cannot read %s: %s. No workstation%s can start or stop until the hub's "
-                                "ServiceAccount may %s (see deploy/rbac/)", self._what(), err,
+                                "ServiceAccount may %s (see deploy/rbac/)", self.describe(), err,
                                 f" in {self.namespace}" if self.namespace else "", need)
 
     async def _follow(self, version: str):
@@ -520,7 +521,7 @@ class Caches:
 
     def unsynced(self) -> str:
         """Which caches are not synced and why, for a log line."""
-        return ", ".join(f"{r._what()} ({r.last_error or 'no answer yet'})" for r in self.reflectors
+        return ", ".join(f"{r.describe()} ({r.last_error or 'no answer yet'})" for r in self.reflectors
                          if not r.synced) or "none"
 
     def clone_strategy(self, storage_class: str) -> str | None:

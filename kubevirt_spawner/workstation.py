@@ -27,7 +27,7 @@ from . import names
 from .clonegate import CloneGate
 from .objects import FINAL_PHASES, condition, field_value
 from .quantity import parse_quantity
-from .reflector import Caches, Reflector
+from .reflector import Caches, PerNamespace
 
 ANNOTATION_SPEC_HASH = m.LABEL_PREFIX + "spec-hash"
 SNAPSHOT = k.SNAPSHOT
@@ -470,7 +470,7 @@ class Workstation:
                 self.log.info("the namespace made just now is not found yet; creating %s again", kind.kind)
                 await asyncio.sleep(0.5)
 
-    async def _ensure(self, kind: k.Kind, obj: dict, cache: Reflector) -> dict:
+    async def _ensure(self, kind: k.Kind, obj: dict, cache: PerNamespace) -> dict:
         """Create the object; when it exists, the existing one, which must be this workstation's."""
         meta = obj["metadata"]
         try:
@@ -485,7 +485,7 @@ class Workstation:
             return await self.kube.create(kind, obj)
         return existing
 
-    async def _existing_own(self, kind: k.Kind, obj: dict, cache: Reflector) -> dict | None:
+    async def _existing_own(self, kind: k.Kind, obj: dict, cache: PerNamespace) -> dict | None:
         """The object of `obj`'s name that a create found there, which must be this workstation's
         (name-taken otherwise); None when it is gone meanwhile. From the cache, else listed by
         name (a cache may lag behind a create that was repeated after a timeout): the hub never
@@ -666,11 +666,12 @@ class Workstation:
             raise
 
     # ------------------------------------------------------------ snapshots
-    def _need(self, cache: Reflector):
-        """An optional cache this operation cannot do without: its refusal ends the operation."""
-        if cache.refusal is not None:
-            err = k.KubeError(cache.refusal.status, cache.refusal.reason, cache.refusal.message, cache.refusal.body,
-                              cache.refusal.request)
+    def _need(self, cache: PerNamespace):
+        """An optional cache this operation cannot do without: its refusal (in this workstation's
+        namespace) ends the operation."""
+        refusal = cache.refusal_in(self.ident.namespace)
+        if refusal is not None:
+            err = k.KubeError(refusal.status, refusal.reason, refusal.message, refusal.body, refusal.request)
             err.logged = True  # the cache said so when it was refused
             raise err
 

@@ -107,7 +107,8 @@ def test_a_missing_permission_is_one_admin_line_and_one_user_sentence(hub, clust
     reads a sentence that sends them to the administrator, and nothing is left running."""
     offset = len(hub.log())
     without_start = hub_rbac_objects()
-    cluster_role = next(o for o in without_start if o["kind"] == "ClusterRole")
+    cluster_role = next(o for o in without_start if o["kind"] == "ClusterRole"
+                        and o["metadata"]["name"] == "kubevirt-spawner-hub-namespaced")  # bound in users' namespaces
     for rule in cluster_role["rules"]:
         rule["resources"] = [r for r in rule["resources"] if r != "virtualmachines/start"]
     apply(cluster.sim, cluster_role)
