@@ -408,6 +408,8 @@ class Caches:
         return task
 
     def _unwatch(self, namespace: str):
+        """The namespace is gone, and its objects with it."""
+        self._bind_refused.pop(namespace, None)
         task = self._watching.pop(namespace, None)
         if task is not None:
             task.cancel()

@@ -86,3 +86,53 @@ def test_the_caches_keep_no_server_side_bookkeeping():
     obj = {"metadata": {"name": "x", "managedFields": [{"manager": "kubectl"}],
                         "annotations": {LAST_APPLIED: "{...}", "keep": "me"}}}
     assert slim(obj) == {"metadata": {"name": "x", "annotations": {"keep": "me"}}}
+
+
+class FakeCluster:
+    """An API server with the given user namespaces and nothing in them; watches never end."""
+
+    log = logging.getLogger("test-hub")
+
+    def __init__(self, namespaces: list[str]):
+        self.namespaces = namespaces
+        self.created: list[tuple[str, str, str]] = []
+        self.listed: list[str] = []
+
+    async def call(self, method, path, query=None, body=None, **_):
+        if path.endswith("/selfsubjectreviews"):
+            return {"status": {"userInfo": {"username": "system:serviceaccount:jupyterhub:hub"}}}
+        self.listed.append(path)
+        items = [{"metadata": {"name": ns, "resourceVersion": "1"}} for ns in self.namespaces] \
+            if path == "/api/v1/namespaces" else []
+        return {"metadata": {"resourceVersion": "1"}, "items": items}
+
+    async def create(self, kind, obj):
+        self.created.append((kind.kind, obj["metadata"].get("namespace", ""), obj["metadata"]["name"]))
+        return obj
+
+    async def watch(self, path, query, read_timeout):
+        await asyncio.Event().wait()
+        yield []
+
+
+async def test_each_user_namespace_is_bound_then_watched_and_forgotten_when_it_goes():
+    """The hub holds no namespaced right cluster-wide (deploy/rbac/): for each namespace labelled
+    as this project's it binds its role there, then watches each kind there; a namespace that is
+    deleted is no longer watched, and one that is not there has nothing to wait for."""
+    cluster = FakeCluster(["notebook-ada", "notebook-bob"])
+    c = Caches(cluster, "kubevirt-spawner.io/workstation")
+    c.start()
+    try:
+        await c.wait_synced(5)
+        assert sorted(cluster.created) == [
+            ("RoleBinding", "notebook-ada", "kubevirt-spawner-hub:jupyterhub:hub"),
+            ("RoleBinding", "notebook-bob", "kubevirt-spawner-hub:jupyterhub:hub")]
+        assert "/apis/kubevirt.io/v1/virtualmachines" not in cluster.listed  # never cluster-wide
+        assert "/apis/kubevirt.io/v1/namespaces/notebook-ada/virtualmachines" in cluster.listed
+        assert all(set(cache.members) == {"notebook-ada", "notebook-bob"} for cache in c.namespaced)
+        assert c.synced_in("notebook-ada") and c.synced_in("notebook-cyd")  # (cyd's is not there)
+        c.namespaces._apply([("DELETED", {"metadata": {"name": "notebook-bob", "resourceVersion": "2"}})])
+        assert not c.watches("notebook-bob") and all("notebook-bob" not in cache.members for cache in c.namespaced)
+        assert c.lacks_namespace("notebook-bob") and not c.lacks_namespace("notebook-ada")
+    finally:
+        c.stop()
