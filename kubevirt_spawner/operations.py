@@ -9,6 +9,7 @@ view of the server stays true. Nothing here deletes anything but the system disk
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 from dataclasses import asdict, dataclass, field
@@ -30,6 +31,12 @@ STEP_LABELS = {
     "start": "starting the workstation",
 }
 KIND_LABELS = {"restore": "being restored", "reset": "being reset to the golden image"}
+
+# A failure the cluster would not record at once is written again after this many seconds, then
+# twice as long each time, at most a minute apart, until it is.
+RECORD_RETRY_SECONDS = 5.0
+# The tasks that write those records (kept, so that they are not collected while they wait).
+_pending_records: set[asyncio.Task] = set()
 
 
 class Server(Protocol):
@@ -215,8 +222,38 @@ class Operations:
         self.ws.log.warning("%s failed at step %d (%s): %s", op.kind, op.step + 1, op.current, why)
         try:
             await self._save(op)
-        except k.KubeError:
-            self.ws.log.exception("could not record that the %s failed", op.kind)
+        except asyncio.TimeoutError:
+            pass  # written; the caches only lag behind
+        except k.KubeError as err:
+            # The cluster would not take it now (KubeVirt's VM webhook down, say). A record left
+            # saying "running" would refuse every start for good: it is written once it can be.
+            self.ws.log.warning("could not record yet that the %s failed (%s): trying again until the cluster "
+                                "takes it", op.kind, err)
+            task = asyncio.ensure_future(self._record_failure_later(op))
+            _pending_records.add(task)
+            task.add_done_callback(_pending_records.discard)
+
+    async def _record_failure_later(self, op: Operation):
+        delay = RECORD_RETRY_SECONDS
+        while True:
+            await asyncio.sleep(delay)
+            current = Operation.from_vm(self.ws.vm)
+            if current is None or current.id != op.id or current.revision >= op.revision:
+                return  # the machine is gone, or another record took this one's place
+            try:
+                await self._save(op)
+            except asyncio.TimeoutError:
+                pass  # written; the caches only lag behind
+            except k.KubeError as err:
+                delay = min(delay * 2, 60.0)
+                self.ws.log.info("could not record yet that the %s failed (%s): trying again in %.0fs",
+                                 op.kind, err, delay)
+                continue
+            except Exception:  # never silently: the record would say "running" for good
+                self.ws.log.exception("could not record that the %s failed", op.kind)
+                return
+            self.ws.log.info("recorded that the %s failed", op.kind)
+            return
 
     async def _save(self, op: Operation):
         op.updated = _now()

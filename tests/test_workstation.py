@@ -837,6 +837,34 @@ async def test_a_restore_stuck_after_replacing_a_disk_says_what_an_admin_must_do
     refuse_start_during_operation(ws)
 
 
+async def test_a_failure_the_cluster_will_not_record_yet_is_recorded_once_it_can(env, monkeypatch):
+    """With virt-api unreachable, KubeVirt's VM webhook (failurePolicy Fail) refuses every change
+    of a VM, the operation's record too: a restore that fails then cannot say so. Left saying
+    "running", the record would refuse every start ("it starts by itself when done") for good, and
+    a restore or reset with it; so the failure is written as soon as the cluster takes it (the
+    CI soak found this, seed 423114)."""
+    from kubevirt_spawner import operations
+    monkeypatch.setattr(operations, "RECORD_RETRY_SECONDS", 0.2)
+    monkeypatch.setattr(env.kube, "retry_timeout", 0.5)
+    ws = await stopped_with_snapshot(env, "vera")
+    ops = Operations(ws, LocalServer(ws), safety_snapshot=False, timeout=10)
+    op = await ops.begin_restore("clean", by="vera")
+    sim_api(env.sim, "PUT", "/faults/api", {"verb": "patch", "resource": "virtualmachines", "rate": 1, "code": 500})
+    try:
+        with pytest.raises(k.KubeError):
+            await ops.run(op)  # its first record after the stop is refused, and so is the failure's
+        assert Operation.from_vm(ws.vm).state == "running"
+        await asyncio.sleep(1)
+        assert Operation.from_vm(ws.vm).state == "running"  # still refused meanwhile
+    finally:
+        sim_api(env.sim, "DELETE", "/faults/api")
+    recorded = await env.caches.wait_for(
+        lambda: (Operation.from_vm(ws.vm) if Operation.from_vm(ws.vm).state == "failed" else None), 10,
+        ws.ident.namespace)
+    assert recorded.id == op.id and "the cluster refused a request" in recorded.error
+    assert sorted(volumes_of(env, ws.ident.namespace).values()) == [("Bound", "Retain")] * 2
+
+
 async def test_a_restore_lock_without_a_record_still_refuses_starts_with_a_sentence(env):
     """A restore someone else made (kubectl, an earlier hub) that holds the VM: the start is refused
     before KubeVirt's webhook would, with the restore's name."""
