@@ -14,6 +14,7 @@ import json
 import logging
 import random
 import re
+import resource
 import ssl
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -171,6 +172,22 @@ def load_api_client(kubeconfig: str | None = None, context: str | None = None) -
     return client.ApiClient(cfg)
 
 
+def raise_open_files_limit(log: logging.Logger | logging.LoggerAdapter):
+    """Raise this process's soft limit of open files to its hard limit, as Go programs do at start
+    (os/rlimit.go): each watch holds a connection, seven per watched namespace, and a container's
+    soft limit may be 1024 (containerd 2's default) while its hard limit is far higher."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        hard = 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            log.info("raised the limit of open files from %d to %d: each watch holds a connection", soft, hard)
+        except (OSError, ValueError) as err:
+            log.warning("could not raise the limit of open files from %d (%s): watching many namespaces may "
+                        "run out of them", soft, err)
+
+
 def ssl_context(cfg: client.Configuration) -> ssl.SSLContext | bool:
     """TLS as the official client sets it up from a configuration (kubernetes/client/rest.py):
     its CA (file or data, else the system's), client certificate, hostname check; False when the
@@ -227,6 +244,8 @@ class Kube:
             self._sessions, self._session_loop = {}, loop
         session = self._sessions.get(watch)
         if session is None or session.closed:
+            if watch:
+                raise_open_files_limit(self.log)
             session = self._sessions[watch] = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0 if watch else 64, ssl=self._ssl), trust_env=False,
                 headers={"Accept": "application/json", "User-Agent": self.api.user_agent})

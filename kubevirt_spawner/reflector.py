@@ -28,6 +28,7 @@ from .objects import FINAL_PHASES, field_value
 T = TypeVar("T")
 
 BIND_RETRY_SECONDS = 30.0
+BIND_SETTLE_SECONDS = 10.0
 
 # Scheduling and attach failures are Events on the virt-launcher Pod, as on any cluster.
 WATCHED_EVENT_KINDS = {"VirtualMachine", "VirtualMachineInstance", "DataVolume", "PersistentVolumeClaim", "Pod"}
@@ -54,6 +55,33 @@ def slim(obj: dict) -> dict:
     return obj
 
 
+async def within(awaitable: Awaitable[T], timeout: float | None) -> T:
+    """The result of `awaitable`, or asyncio.TimeoutError after `timeout` seconds (which cancels
+    it). asyncio.wait_for, except that a cancellation is never lost: on Python 3.11 wait_for
+    returns the result of an inner task that ends as the caller is cancelled (fixed in 3.12 by the
+    rewrite on asyncio.timeout), and a cancelled start must never go on."""
+    task = asyncio.ensure_future(awaitable)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+    except BaseException:
+        task.cancel()  # (it cleans up after itself: the clone gate gives back a place)
+        raise
+    if not done:
+        task.cancel()
+        await asyncio.wait({task})
+        raise asyncio.TimeoutError()
+    return task.result()
+
+
+async def _wait_event(event: asyncio.Event, timeout: float | None) -> bool:
+    """Whether `event` was set within `timeout` seconds."""
+    try:
+        await within(event.wait(), timeout)
+        return True
+    except asyncio.TimeoutError:
+        return False
+
+
 class Reflector:
     def __init__(self, kube: k.Kube, kind: k.Kind, on_change: Callable[[str | None], None],
                  namespace: str | None = None,
@@ -63,6 +91,8 @@ class Reflector:
         self.kube, self.kind, self.namespace = kube, kind, namespace
         # Awaited before a list that follows a refusal (binding the hub in the namespace again).
         self.prepare = prepare
+        # Until then a refusal is asked again soon, not reported (a binding made just now).
+        self.patient_until = 0.0
         self.label_selector, self.field_selector = label_selector, field_selector
         self.keep = keep or (lambda obj: True)
         self.objects: dict[tuple[str, str], dict] = {}
@@ -166,12 +196,17 @@ class Reflector:
                     await self.prepare()
                 listing = await self.kube.call("GET", self.kind.path(self.namespace), self._query() or None) or {}
                 version = (listing.get("metadata") or {}).get("resourceVersion", "")
+                self.patient_until = 0.0  # listed: the authorizer knows the binding
                 self._replace_all([slim(o) for o in listing.get("items") or []])
                 failures = 0
                 await self._follow(version)
             except k.KubeError as err:
                 if self._stopping:
                     return
+                if err.status == 403 and time.monotonic() < self.patient_until:
+                    self._failed(err)
+                    await asyncio.sleep(0.5)
+                    continue
                 if err.status == 403 or (self.optional and err.status == 404):  # refused, or not served here
                     if not told:  # once, not at every retry
                         self._log_refusal(err)
@@ -360,6 +395,8 @@ class Caches:
         self._binding: dict[str, asyncio.Lock] = {}
         self._bind_refused: dict[str, tuple[float, str]] = {}  # namespace: when, and what it said
         self._username: str | None = None
+        self._whoami_lock = asyncio.Lock()
+        self._explicit: dict[str, float] = {}  # namespace: when a workstation asked to watch it
         self.started = False
 
     @property
@@ -396,7 +433,8 @@ class Caches:
         listed = {obj["metadata"]["name"] for obj in objects}
         for namespace in listed:
             self._watch(namespace)
-        for namespace in set(self._watching) - listed:
+        recent = {ns for ns, asked in self._explicit.items() if time.monotonic() - asked < 60}
+        for namespace in set(self._watching) - listed - recent:  # (a list older than a namespace made now)
             self._unwatch(namespace)
 
     def _watch(self, namespace: str) -> asyncio.Task:
@@ -410,6 +448,8 @@ class Caches:
     def _unwatch(self, namespace: str):
         """The namespace is gone, and its objects with it."""
         self._bind_refused.pop(namespace, None)
+        self._binding.pop(namespace, None)
+        self._explicit.pop(namespace, None)
         task = self._watching.pop(namespace, None)
         if task is not None:
             task.cancel()
@@ -423,12 +463,19 @@ class Caches:
         except Exception:  # the watches start anyway, and say what they are refused
             self.kube.log.exception("binding the hub in Namespace %s failed", namespace)
         loop = asyncio.get_running_loop()
+        # Each API server's authorizer learns of a new binding from its own watch, a moment later
+        # (plugin/pkg/auth/authorizer/rbac: listers): a refusal just after the bind is asked again.
+        patient_until = time.monotonic() + BIND_SETTLE_SECONDS
         for cache in self.namespaced:
-            cache.add(namespace, loop)
+            cache.add(namespace, loop).patient_until = patient_until
 
     async def _whoami(self) -> str:
         """The hub's user name as the API server knows it (a SelfSubjectReview, which every
         authenticated user may ask: the system:basic-user role)."""
+        async with self._whoami_lock:
+            return await self._ask_whoami()
+
+    async def _ask_whoami(self) -> str:
         if self._username is None:
             review = await self.kube.call("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews", None,
                                           {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
@@ -482,14 +529,21 @@ class Caches:
         self.start()
         if self.namespaces is None and namespace != self.shared_namespace:
             raise ValueError(f"these caches watch only {self.shared_namespace}, not {namespace}")
-        await asyncio.shield(self._watch(namespace))
+        self._explicit[namespace] = time.monotonic()
+        for _ in range(3):
+            task = self._watch(namespace)
+            await asyncio.wait([task])  # (an unwatch cancels the task, not its waiter)
+            if not task.cancelled():
+                return
 
     # ------------------------------------------------ state
     @property
     def synced(self) -> bool:
-        """Every cache has the cluster's state: the cluster-wide ones, and each watched namespace's."""
+        """Every cache has the cluster's state: the cluster-wide ones, and each watched namespace's
+        (a namespace the hub may not read counts as known: its refusal is told for its own
+        workstations, and must not hold up everyone else's)."""
         return (all(r.synced for r in self.cluster) and all(task.done() for task in self._watching.values())
-                and all(cache.synced for cache in self.namespaced))
+                and all(r.synced or r.forbidden for cache in self.namespaced for r in cache.members.values()))
 
     def synced_in(self, namespace: str) -> bool:
         """The caches a workstation of `namespace` reads have the cluster's state. A namespace that
@@ -511,20 +565,23 @@ class Caches:
         return self.namespaces is not None and self.namespaces.synced and self.namespaces.get("", namespace) is None
 
     def refusal_for(self, namespace: str | None = None) -> k.KubeError | None:
-        """The 403 of a cache the hub needs and may not read (in `namespace`; None: anywhere), or None."""
+        """The 403 of a cache the hub needs and may not read: cluster-wide, or in `namespace`
+        (None: the cluster-wide ones only; one namespace's refusal is that namespace's)."""
         required = [r for r in self.cluster if not r.optional]
-        required += [r for cache in self.namespaced if not cache.optional
-                     for ns, r in cache.members.items() if namespace is None or ns == namespace]
+        if namespace is not None:
+            required += [cache.members[namespace] for cache in self.namespaced
+                         if not cache.optional and namespace in cache.members]
         return next((r.refusal for r in required if r.refusal is not None), None)
 
     @property
     def refusal(self) -> k.KubeError | None:
         return self.refusal_for(None)
 
-    def unsynced(self) -> str:
-        """Which caches are not synced and why, for a log line."""
+    def unsynced(self, namespace: str | None = None) -> str:
+        """Which caches are not synced and why (the cluster-wide ones and those of `namespace`;
+        None: all), for a log line."""
         return ", ".join(f"{r.describe()} ({r.last_error or 'no answer yet'})" for r in self.reflectors
-                         if not r.synced) or "none"
+                         if not r.synced and (namespace is None or r.namespace in (None, namespace))) or "none"
 
     def clone_strategy(self, storage_class: str) -> str | None:
         """CDI's clone strategy for a StorageClass (its StorageProfile's status), when known."""
@@ -571,18 +628,12 @@ class Caches:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 raise asyncio.TimeoutError()
-            try:
-                await asyncio.wait_for(changed.wait(), remaining)
-            except asyncio.TimeoutError:
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise
+            if not await _wait_event(changed, remaining) and deadline is not None and time.monotonic() >= deadline:
+                raise asyncio.TimeoutError()
 
     async def next_change(self, timeout: float = 30.0, namespace: str | None = None):
         """Return after the next change in `namespace` (or `notify()`), or after `timeout` seconds."""
-        try:
-            await asyncio.wait_for(self._change_event(namespace).wait(), timeout)
-        except asyncio.TimeoutError:
-            return  # nothing changed: the caller looks again anyway
+        await _wait_event(self._change_event(namespace), timeout)  # (nothing changed: the caller looks again)
 
     async def wait_synced(self, timeout: float | None = None, namespace: str | None = None):
         """Wait until the caches have the cluster's state: all of them, or (with `namespace`) those
@@ -593,8 +644,7 @@ class Caches:
         deadline = None if timeout is None else time.monotonic() + timeout
         await self.wait_for(lambda: all(r.synced for r in self.cluster), timeout, namespace)
         if self.namespaces is None or self.namespaces.get("", namespace) is not None:
-            await asyncio.wait_for(self.watch_namespace(namespace),
-                                   None if deadline is None else max(0.0, deadline - time.monotonic()))
+            await self.watch_namespace(namespace)  # (bounded by the binding's own retries)
         await self.wait_for(lambda: self.synced_in(namespace),
                             None if deadline is None else max(0.0, deadline - time.monotonic()), namespace)
 

@@ -27,7 +27,7 @@ from . import names
 from .clonegate import CloneGate
 from .objects import FINAL_PHASES, condition, field_value
 from .quantity import parse_quantity
-from .reflector import Caches, PerNamespace
+from .reflector import Caches, PerNamespace, within
 
 ANNOTATION_SPEC_HASH = m.LABEL_PREFIX + "spec-hash"
 SNAPSHOT = k.SNAPSHOT
@@ -149,7 +149,7 @@ async def wait_synced(caches: Caches, log: logging.Logger | logging.LoggerAdapte
     try:
         await caches.wait_synced(max(0.0, timeout), namespace)
     except asyncio.TimeoutError:
-        log.error("the hub's caches are not synced after %.0fs: %s", timeout, caches.unsynced())
+        log.error("the hub's caches are not synced after %.0fs: %s", timeout, caches.unsynced(namespace))
         raise WorkstationError(
             "The hub cannot read the state of your workstation from the cluster right now. Try again in a few "
             "minutes; if it keeps failing, tell your administrator.",
@@ -347,8 +347,8 @@ class Workstation:
             gate = self.settings.clone_gate
             gate.attach(self.caches)
             try:
-                await asyncio.wait_for(gate.admit((ident.namespace, ident.rootdisk), spec.storage_class, report),
-                                       max(0.0, deadline - time.monotonic()))
+                await within(gate.admit((ident.namespace, ident.rootdisk), spec.storage_class, report),
+                             max(0.0, deadline - time.monotonic()))
             except asyncio.TimeoutError:
                 raise self._timed_out("a free place in the clone queue") from None
             report(5, f"Cloning your system disk from {spec.golden_name}")
