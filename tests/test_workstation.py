@@ -603,7 +603,7 @@ async def test_stop_asks_the_cluster_even_before_the_cache_shows_the_vm(env, mon
     ws = workstation(env, "lou")
     await ensure_namespace(env, ws.ident.namespace)
     for cache in (env.caches.vms, env.caches.vmis):  # the caches lag behind
-        monkeypatch.setattr(cache.members[ws.ident.namespace], "_apply", lambda event_type, obj: None)
+        monkeypatch.setattr(cache.members[ws.ident.namespace], "_apply", lambda changes: None)
     vm = m.virtual_machine(ws.ident, ws.spec)
     vm["spec"]["runStrategy"] = "Always"
     await env.admin.create(k.VM, vm)
@@ -846,9 +846,9 @@ async def test_a_failure_the_cluster_will_not_record_yet_is_recorded_once_it_can
     from kubevirt_spawner import operations
     monkeypatch.setattr(operations, "RECORD_RETRY_SECONDS", 0.2)
     monkeypatch.setattr(env.kube, "retry_timeout", 0.5)
-    ws = await stopped_with_snapshot(env, "vera")
+    ws = await stopped_with_snapshot(env, "vito")
     ops = Operations(ws, LocalServer(ws), safety_snapshot=False, timeout=10)
-    op = await ops.begin_restore("clean", by="vera")
+    op = await ops.begin_restore("clean", by="vito")
     sim_api(env.sim, "PUT", "/faults/api", {"verb": "patch", "resource": "virtualmachines", "rate": 1, "code": 500})
     try:
         with pytest.raises(k.KubeError):
