@@ -413,7 +413,9 @@ async def test_an_object_of_its_own_missing_from_a_lagging_cache_is_adopted(env,
     before = counts(env.sim)
     found = await ws._ensure(k.SERVICE, m.service(ws.ident, ws.spec), env.caches.services)
     assert found["metadata"]["name"] == ws.ident.service
-    assert diff(before, counts(env.sim)) == {"create services": 1, "list services": 1}
+    # (a reflector may renew a watch meanwhile: that is background, not this create)
+    assert {key: n for key, n in diff(before, counts(env.sim)).items() if not key.startswith("watch ")} == {
+        "create services": 1, "list services": 1}
 
 
 async def test_retire_deletes_the_machine_and_keeps_disks_and_snapshots(env):
