@@ -326,14 +326,6 @@ class PerNamespace:
         member = self.members.get(namespace)
         return member is not None and member.synced
 
-    @property
-    def forbidden(self) -> bool:
-        return any(member.forbidden for member in self.members.values())
-
-    @property
-    def refusal(self) -> k.KubeError | None:
-        return next((r.refusal for r in self.members.values() if r.refusal is not None), None)
-
     def refusal_in(self, namespace: str) -> k.KubeError | None:
         member = self.members.get(namespace)
         return None if member is None else member.refusal
