@@ -3,6 +3,7 @@ a fake workstations service that records what it is sent."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -422,3 +423,149 @@ def test_the_guest_reports_why_its_machine_is_busy_with_its_own_token(fake, serv
     sources = body["sources"]  # (this machine's own logins and GPUs, if any)
     assert isinstance(sources, list) and all({"source", "text", "since"} <= set(x) for x in sources)
     assert body["every"] == 60.0  # the default interval: the service ages the report by it
+
+
+# ------------------------------------------------------------------------------------ the SSH tunnel
+class FakeSshd:
+    """A TCP server in place of the guest's sshd: sends an SSH banner, then echoes; records who
+    connected (a refused tunnel must reach it not at all)."""
+
+    BANNER = b"SSH-2.0-FakeSshd\r\n"
+
+    def __init__(self):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.connections = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._echo, args=(conn,), daemon=True).start()
+
+    def _echo(self, conn):
+        with conn:
+            conn.sendall(self.BANNER)
+            while data := conn.recv(65536):
+                conn.sendall(data)
+
+    def close(self):
+        self.sock.close()
+
+
+@pytest.fixture(scope="module")
+def sshd():
+    fake = FakeSshd()
+    yield fake
+    fake.close()
+
+
+@pytest.fixture(scope="module")
+def ssh_server(tmp_path_factory, fake_service, sshd):
+    """alice's server `gpu` with its sshd on the fake's port, sampling activity every second."""
+    s = Server(tmp_path_factory.mktemp("guest-ssh"), hub_env(fake_service.url),
+               (f"--WorkstationGuest.sshd_port={sshd.port}", "--WorkstationActivity.interval=1"), base_url=BASE_URL)
+    yield s
+    s.stop()
+
+
+def tunnel_url(server: Server) -> str:
+    return server.base.replace("http://", "ws://") + "sshd/"
+
+
+def reported_sources(fake: FakeService, since: int) -> list[list[str]]:
+    return [[r["source"] for r in json.loads(call.body)["sources"]] for call in fake.activity_reports[since:]]
+
+
+async def test_the_tunnel_carries_the_bytes_of_one_connection_to_sshd_and_counts_as_activity(ssh_server, sshd, fake):
+    """`sshd/` is jupyter-server-proxy's raw socket relay (jupyter_server_proxy/rawsocket.py): each
+    binary message is written to the sshd connection and what sshd sends comes back as messages.
+    While it is open the activity sampler reports it (source ssh-tunnel, with where it comes from),
+    and not once it is closed."""
+    import aiohttp
+    before = sshd.connections
+    async with aiohttp.ClientSession() as session:
+        async with session.ws_connect(tunnel_url(ssh_server), headers={
+                "Authorization": f"token {BROWSER_TOKEN}", "X-Forwarded-For": "10.0.0.5, 10.1.1.1"}) as ws:
+            received = b""
+            while len(received) < len(FakeSshd.BANNER):
+                received += (await ws.receive_bytes(timeout=10))
+            assert received == FakeSshd.BANNER
+            await ws.send_bytes(b"SSH-2.0-OpenSSH_9.2\r\n")
+            assert await ws.receive_bytes(timeout=10) == b"SSH-2.0-OpenSSH_9.2\r\n"
+            assert sshd.connections == before + 1
+            mark = len(fake.activity_reports)
+            deadline = time.monotonic() + 10
+            while not any("ssh-tunnel" in s for s in reported_sources(fake, mark)) and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+            report = next(json.loads(c.body)["sources"] for c in fake.activity_reports[mark:]
+                          if "ssh-tunnel" in [r["source"] for r in json.loads(c.body)["sources"]])
+            tunnel = next(r for r in report if r["source"] == "ssh-tunnel")
+            assert tunnel["text"].startswith("SSH through the hub from 10.0.0.5 since ")
+        mark = len(fake.activity_reports)
+        deadline = time.monotonic() + 10
+        while len(fake.activity_reports) < mark + 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert reported_sources(fake, mark + 1) and not any("ssh-tunnel" in s for s in reported_sources(fake, mark + 1))
+
+
+@pytest.mark.parametrize("headers, why", [
+    ({}, "no token"),
+    ({"Authorization": "token not-this-servers-token"}, "a wrong token"),
+])
+async def test_a_tunnel_without_the_servers_authentication_is_403_and_reaches_no_sshd(ssh_server, sshd, headers, why):
+    import aiohttp
+    before = sshd.connections
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await session.ws_connect(tunnel_url(ssh_server), headers=headers)
+    assert refused.value.status == 403, why
+    await asyncio.sleep(0.3)
+    assert sshd.connections == before
+
+
+async def test_a_tunnel_the_hub_turned_off_is_403_and_reaches_no_sshd(tmp_path, fake_service, sshd):
+    """c.KubeVirtSpawner.ssh_enabled = False reaches the guest as KUBEVIRT_SSH_ENABLED=0."""
+    import aiohttp
+    s = Server(tmp_path, hub_env(fake_service.url, KUBEVIRT_SSH_ENABLED="0"),
+               (f"--WorkstationGuest.sshd_port={sshd.port}",), base_url=BASE_URL)
+    try:
+        before = sshd.connections
+        async with aiohttp.ClientSession() as session:
+            with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                await session.ws_connect(tunnel_url(s), headers={"Authorization": f"token {BROWSER_TOKEN}"})
+        assert refused.value.status == 403
+        assert sshd.connections == before
+        assert "SSH tunnel: The hub's admin turned SSH off for this workstation." in s.log()
+    finally:
+        s.stop()
+
+
+async def test_a_tunnel_to_an_sshd_that_does_not_listen_is_closed_with_a_sentence(tmp_path, fake_service):
+    import aiohttp
+    port = free_port()  # nothing listens there
+    s = Server(tmp_path, hub_env(fake_service.url), (f"--WorkstationGuest.sshd_port={port}",), base_url=BASE_URL)
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.ws_connect(tunnel_url(s), headers={"Authorization": f"token {BROWSER_TOKEN}"}) as ws:
+                message = await ws.receive(timeout=10)
+        assert message.type == aiohttp.WSMsgType.CLOSE and message.data == 1011
+        assert message.extra.startswith(f"The workstation's sshd at 127.0.0.1:{port} does not answer (")
+    finally:
+        s.stop()
+
+
+@pytest.mark.parametrize("forwarded, peer, shown", [
+    ("10.0.0.5", "10.9.9.9", "10.0.0.5"),
+    ("2001:db8::1, 10.1.1.1", "10.9.9.9", "2001:db8::1"),
+    ("<script>alert(1)</script>", "10.9.9.9", "10.9.9.9"),  # the client writes the header: only an address is shown
+    (None, "10.9.9.9", "10.9.9.9"),
+    ("evil", "also evil", "an unknown address"),
+])
+def test_where_a_tunnel_comes_from_is_an_address_or_nothing(forwarded, peer, shown):
+    from kubevirt_spawner.guest.sshd import client_address
+    assert client_address(forwarded, peer) == shown

@@ -11,6 +11,8 @@ Sources:
     jupyter  what jupyter-server itself counts (API use, kernel messages, terminal I/O), less this module's
              own key.
     kernels  kernels busy running a cell (a long silent cell sends no messages).
+    tunnels  SSH tunnels through the hub open now (guest.sshd): an editor's remote session may send
+             nothing for minutes and has no terminal, yet someone works through it.
     logins   utmp (`/run/utmp`, glibc's `struct utmp`), USER_PROCESS records; the idle time is
              now - atime of the login's tty (`/dev/pts/0`), as `w` computes it (the kernel bumps
              a tty's atime on input, its mtime on output, in 8-second steps).
@@ -47,6 +49,8 @@ if TYPE_CHECKING:
 # The settings keys this module writes on the Jupyter server's web application.
 LAST_ACTIVITY_KEY = "workstation_last_activity"  # ends in _last_activity: jupyter-server's last_activity() takes it
 REASONS_KEY = "workstation_activity_reasons"
+# Written by the SSH tunnel (guest.sshd): id -> {"from": address, "since": epoch seconds}, one per open tunnel.
+TUNNELS_KEY = "workstation_ssh_tunnels"
 
 # glibc bits/utmp.h `struct utmp` on x86_64 (32-bit ut_session and ut_tv, __WORDSIZE_TIME64_COMPAT32):
 # ut_type, pad, ut_pid, ut_line[32], ut_id[4], ut_user[32], ut_host[256], ut_exit{short, short},
@@ -472,6 +476,7 @@ class WorkstationActivity(LoggingConfigurable):
         try:
             if settings.get("kernel_manager") is not None:
                 reasons += busy_kernels(settings["kernel_manager"])
+            reasons += open_tunnels(settings, now.timestamp())
             if reasons:
                 settings[LAST_ACTIVITY_KEY] = now
             reasons = self.jupyter_in_use(settings, now) + reasons
@@ -520,6 +525,13 @@ def busy_kernels(kernel_manager: Any) -> list[dict[str, Any]]:
             name = getattr(kernel, "kernel_name", "") or "kernel"
             reasons.append({"source": "kernel", "text": f"a {name} kernel running a cell", "since": None})
     return reasons
+
+
+def open_tunnels(settings: Mapping[str, Any], now: float) -> list[dict[str, Any]]:
+    """The SSH tunnels open now, oldest first: each is someone connected (guest.sshd keeps them)."""
+    tunnels = sorted(dict(settings.get(TUNNELS_KEY) or {}).values(), key=lambda t: t["since"])
+    return [{"source": "ssh-tunnel", "text": f"SSH through the hub from {t['from']} since {_since(t['since'], now)}",
+             "since": _iso(t["since"])} for t in tunnels]
 
 
 def start(serverapp: ServerApp, reporter: Callable[[list[dict[str, Any]], float], Awaitable[None]] | None = None

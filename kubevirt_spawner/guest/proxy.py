@@ -25,7 +25,7 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
-from traitlets import Float, Unicode, default
+from traitlets import Bool, Float, Integer, Unicode, default
 from traitlets.config import LoggingConfigurable
 
 if TYPE_CHECKING:
@@ -56,6 +56,16 @@ class WorkstationGuest(LoggingConfigurable):
     api_token = Unicode()
     hub_base_url = Unicode()
     service_page_url = Unicode()  # the service's own public URL, when it has a host of its own
+
+    ssh_enabled = Bool(help="Whether `sshd/` tunnels to this machine's sshd. Default: "
+                            "$KUBEVIRT_SSH_ENABLED (set by the spawner from c.KubeVirtSpawner.ssh_enabled), "
+                            "else on.").tag(config=True)
+    sshd_host = Unicode("127.0.0.1", help="Where this machine's sshd listens.").tag(config=True)
+    sshd_port = Integer(22, min=1, max=65535, help="The port of this machine's sshd.").tag(config=True)
+
+    @default("ssh_enabled")
+    def _default_ssh_enabled(self) -> bool:
+        return os.environ.get("KUBEVIRT_SSH_ENABLED", "1") != "0"
 
     @default("service_url")
     def _default_service_url(self) -> str:
@@ -127,6 +137,19 @@ def short_reason(err: Exception) -> str:
     return reason[:1].lower() + reason[1:]
 
 
+def owner_refusal(current_user: Any, owner: str, what: str, instead: str = "") -> str | None:
+    """Under JupyterHub, whoever else may open this server (an admin, a user it is shared with)
+    is not its owner: they do not act on the machine as the owner. None when the caller is the
+    owner; else the sentence that refuses them."""
+    hub_user = getattr(current_user, "hub_user", None)
+    if not isinstance(hub_user, dict):
+        return None  # not under JupyterHub: only this server's own token gets here
+    if hub_user.get("kind", "user") == "user" and hub_user.get("name") == owner:
+        return None
+    who = hub_user.get("name") or "this caller"
+    return f"Only {owner} can {what}, not {who};{instead}" if instead else f"Only {owner} can {what}, not {who}."
+
+
 class GuestHandler(APIHandler):
     """Jupyter's own authentication (under JupyterHub: the hub's, for those with access to this
     server) and XSRF check for POST/DELETE; errors are `{"error": "<one sentence>"}` like the service's."""
@@ -174,25 +197,14 @@ class ProxyHandler(GuestHandler):
     async def delete(self, rest: str) -> None:
         await self.forward(rest)
 
-    def not_the_owner(self) -> str | None:
-        """Under JupyterHub, whoever else may open this server (an admin, a user it is shared
-        with) is not the owner: they do not act on the machine with the owner's token."""
-        hub_user = getattr(self.current_user, "hub_user", None)
-        if not isinstance(hub_user, dict):
-            return None  # not under JupyterHub: only this server's own token gets here
-        if hub_user.get("kind", "user") == "user" and hub_user.get("name") == self.guest.user:
-            return None
-        who = hub_user.get("name") or "this caller"
-        return (f"Only {self.guest.user} can use this workstation's panel, not {who}; an admin acts on it "
-                "through the workstations service's page.")
-
     async def forward(self, rest: str) -> None:
         path = service_path(rest)
         if path is None:
             return self.reply(404, {"error": f"The workstation panel has no action {rest!r}."})
         guest = self.guest
         method = self.request.method or "GET"
-        refused = self.not_the_owner()
+        refused = owner_refusal(self.current_user, guest.user, "use this workstation's panel",
+                                " an admin acts on it through the workstations service's page.")
         if refused:
             return self.reply(403, {"error": refused})
         if not guest.configured:
