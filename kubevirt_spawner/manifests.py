@@ -79,6 +79,7 @@ class MachineSpec:
     workspace_disk_size: str | None = None
     termination_grace_period: int = 120
     firmware: str = "bios"  # what the golden image boots with: bios or efi
+    ssh_enabled: bool = True  # the guest's SSH tunnel opens for its owner (the guest reads KUBEVIRT_SSH_ENABLED)
     ports: tuple[tuple[str, int], ...] = (("ssh", 22), ("code-server", 8080), ("jupyterlab", JUPYTER_PORT))
     profile: str = ""
     profile_version: str = ""

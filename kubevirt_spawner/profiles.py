@@ -14,7 +14,7 @@ import re
 # The settings a profile may change (names of KubeVirtSpawner traits).
 OVERRIDABLE = {"cpu_guarantee", "cpu_limit", "mem_guarantee", "mem_limit", "memory_guest", "gpus", "node_selector",
                "tolerations", "affinity", "root_disk_size", "golden_image", "workspace_disk_size", "storage_class",
-               "extra_labels", "extra_annotations", "termination_grace_period", "firmware"}
+               "extra_labels", "extra_annotations", "termination_grace_period", "firmware", "ssh_enabled"}
 
 
 class ProfileError(ValueError):

@@ -140,6 +140,11 @@ class KubeVirtSpawner(Spawner):
         another user opens acts with that user's hub login (reads the workstations page, restores,
         resets, makes API tokens). Only for a hub whose users all trust each other, or a local demo;
         otherwise give each user a subdomain (wildcard DNS and TLS, deploy/README.md section 8).""")
+    ssh_enabled = Bool(True, config=True, help="""
+        Let the workstation's owner reach its sshd through the hub (`kubevirt-spawner ssh`, VS Code
+        Remote-SSH): a websocket under the user's server that only the owner may open, with keys
+        the owner keeps in the workstations service. False: the tunnel refuses everyone. A profile
+        may override it. Passed to the guest as KUBEVIRT_SSH_ENABLED.""")
     workstations_url = Unicode("", config=True, help="""
         URL at which a workstation reaches the hub's `workstations` service (its Lab panel calls
         it), ending in /services/workstations/; `service.register()` sets it. Passed to the guest
@@ -414,7 +419,8 @@ class KubeVirtSpawner(Spawner):
             termination_grace_period=values["termination_grace_period"], firmware=values["firmware"],
             ports=tuple(self.ports.items()), profile=slug,
             profile_version=(profile or {}).get("version", ""),
-            extra_labels=dict(values["extra_labels"]), extra_annotations=dict(values["extra_annotations"]))
+            extra_labels=dict(values["extra_labels"]), extra_annotations=dict(values["extra_annotations"]),
+            ssh_enabled=values["ssh_enabled"])
 
     # ---------------------------------------------------------------- options form
     @default("options_form")
@@ -521,6 +527,7 @@ class KubeVirtSpawner(Spawner):
             refuse_start_during_operation(ws)  # a restore or reset changes the machine now
             self.ip, self.port = "0.0.0.0", m.JUPYTER_PORT
             env = self.get_env()
+            env["KUBEVIRT_SSH_ENABLED"] = "1" if ws.spec.ssh_enabled else "0"  # (the profile's, if it says)
             ws.log.info("starting for %s (profile %s)", self._log_name, ws.spec.profile or "-")
             url = await ws.start(env, self.get_args(), self._report)
             self._report(100, "Your workstation is ready")

@@ -145,3 +145,17 @@ def test_a_hub_without_subdomains_is_refused_unless_an_admin_opts_out():
     subdomains = Config()
     subdomains.JupyterHub.subdomain_host = "https://jupyter.example.org"
     KubeVirtSpawner.validate_config(subdomains)
+
+
+def test_ssh_is_on_unless_the_hub_or_a_profile_turns_it_off():
+    """c.KubeVirtSpawner.ssh_enabled (default on) and a profile's override decide whether the
+    guest's tunnel opens (the spawner passes it as KUBEVIRT_SSH_ENABLED, read by guest.proxy)."""
+    from kubevirt_spawner.workstation import WorkstationError
+    assert KubeVirtSpawner(config=Config())._machine_spec(None).ssh_enabled is True
+    c = Config()
+    c.KubeVirtSpawner.ssh_enabled = False
+    spawner = KubeVirtSpawner(config=c)
+    assert spawner._machine_spec({"slug": "plain"}).ssh_enabled is False
+    assert spawner._machine_spec({"slug": "dev", "kubevirt_override": {"ssh_enabled": True}}).ssh_enabled is True
+    with pytest.raises(WorkstationError, match="Profile 'odd' has an invalid ssh_enabled"):
+        spawner._machine_spec({"slug": "odd", "kubevirt_override": {"ssh_enabled": "sometimes"}})

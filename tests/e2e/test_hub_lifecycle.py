@@ -21,6 +21,7 @@ def test_files_survive_stop_and_start_and_a_stopped_gpu_is_free_for_others(hub, 
     env = {k: base64.b64decode(v).decode() for k, v in secret.data.items()}
     assert env["JUPYTERHUB_SERVICE_URL"] == "http://0.0.0.0:8888/user/alice/"
     assert env["JUPYTERHUB_USER"] == "alice" and len(env["JUPYTERHUB_API_TOKEN"]) >= 32
+    assert env["KUBEVIRT_SSH_ENABLED"] == "1"  # (c.KubeVirtSpawner.ssh_enabled's default)
     assert env["JUPYTERHUB_API_TOKEN"] not in json.dumps(cluster.vm("notebook-alice", "alice-workstation"))
     first_token = env["JUPYTERHUB_API_TOKEN"]
     for path in MACHINE_PATHS:
