@@ -6,6 +6,8 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
+import shutil
 import signal
 import sys
 
@@ -42,6 +44,94 @@ def _service(args) -> int:
     return 0
 
 
+def _client(work) -> int:
+    """Run one of the SSH client's commands: its failures are one sentence and exit status 2."""
+    from .ssh import EXIT_REFUSED, ClientError
+    try:
+        return work()
+    except ClientError as err:
+        print(f"kubevirt-spawner: {err}", file=sys.stderr)
+        return EXIT_REFUSED
+    except KeyboardInterrupt:
+        return 130
+
+
+def _login(args) -> int:
+    import getpass
+
+    from . import ssh
+
+    def work() -> int:
+        url = ssh.hub_url(args.hub_url or os.environ.get("JUPYTERHUB_URL") or "")
+        token = args.token or os.environ.get("JUPYTERHUB_API_TOKEN")
+        if not token:
+            token = (getpass.getpass(f"API token (from {url}hub/token): ") if sys.stdin.isatty()
+                     else sys.stdin.readline()).strip()
+        if not token:
+            raise ssh.ClientError(f"No token given: make one on {url}hub/token.")
+        login = ssh.Login(url, token)
+        name = asyncio.run(ssh.check_login(login))
+        path = ssh.config_path()
+        ssh.write_config(path, login)
+        print(f"Logged in to {url} as {ssh.names.printable(name)}; saved in {path} (mode 0600).", file=sys.stderr)
+        return 0
+    return _client(work)
+
+
+def _tunnel(args) -> int:
+    from . import ssh
+    return _client(lambda: asyncio.run(ssh.tunnel(ssh.resolve_login(args.hub_url, args.token), args.workstation,
+                                                  not args.no_start, sys.stderr)))
+
+
+def _ssh(args) -> int:
+    from . import ssh
+
+    def work() -> int:
+        login = ssh.resolve_login(args.hub_url, args.token)
+        me = asyncio.run(ssh.check_login(login))
+        user, server = ssh.target(args.workstation, me)
+        spec = f"{user}/{server}" if server else user
+        exe = shutil.which("ssh")
+        if not exe:
+            raise ssh.ClientError("OpenSSH's ssh is not on the PATH; install openssh-client.")
+        alias = ssh.host_alias(user, server)
+        command = [exe, "-o", f"ProxyCommand={ssh.proxy_command(login.url, spec, not args.no_start)}",
+                   "-o", f"HostKeyAlias={alias}.{ssh.urlsplit(login.url).hostname}",
+                   "-l", ssh.linux_user(user), *args.ssh_args, alias]
+        # the tunnel (ssh's ProxyCommand) reads the token from the environment, never from its command line
+        env = {**os.environ, "JUPYTERHUB_API_TOKEN": login.token, "JUPYTERHUB_URL": login.url}
+        os.execve(exe, command + list(args.command), env)
+    return _client(work)
+
+
+def _ssh_config(args) -> int:
+    from . import ssh
+
+    def work() -> int:
+        login = ssh.resolve_login(args.hub_url, args.token)
+        servers = asyncio.run(ssh.workstations(login))
+        block = ssh.config_block(login.url, servers, args.prefix)
+        if not args.write:
+            sys.stdout.write(block)
+            return 0
+        path = os.path.expanduser(args.write)
+        ssh.write_ssh_config(path, login.url, block)
+        hosts = ", ".join(ssh.host_alias(u, s, args.prefix) for u, s in servers)
+        print(f"Wrote {hosts} to {path}.", file=sys.stderr)
+        if not ssh.read_config(ssh.config_path()).get("token"):
+            print("The Host blocks hold no token: run kubevirt-spawner login once, so that ssh and your editor "
+                  "find it.", file=sys.stderr)
+        return 0
+    return _client(work)
+
+
+def _add_login_flags(parser) -> None:
+    parser.add_argument("--hub-url", default=None, help="the hub's URL (default: $JUPYTERHUB_URL, else the login's)")
+    parser.add_argument("--token", default=None, help="a JupyterHub API token (default: $JUPYTERHUB_API_TOKEN, "
+                                                      "else the login's); prefer the environment or the login")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kubevirt-spawner", description=__doc__)
     parser.add_argument("--log-level", default="INFO")
@@ -71,6 +161,28 @@ def main(argv: list[str] | None = None) -> int:
     service.add_argument("--config", default=None, help="the hub's config file (default: "
                                                         "$KUBEVIRT_SPAWNER_HUB_CONFIG, set by service.register)")
     service.set_defaults(func=_service)
+    login = sub.add_parser("login", help="save the hub's URL and an API token for the SSH commands (mode 0600)")
+    _add_login_flags(login)
+    login.set_defaults(func=_login)
+    tunnel = sub.add_parser("tunnel", help="connect stdin/stdout to a workstation's sshd (OpenSSH's ProxyCommand)")
+    tunnel.add_argument("workstation", nargs="?", default=None, help="USER or USER/SERVER (default: your own)")
+    tunnel.add_argument("--no-start", action="store_true", help="refuse a stopped workstation instead of starting it")
+    _add_login_flags(tunnel)
+    tunnel.set_defaults(func=_tunnel)
+    ssh = sub.add_parser("ssh", help="open an SSH session in a workstation through the hub (starts it if stopped)")
+    ssh.add_argument("workstation", nargs="?", default=None, help="USER or USER/SERVER (default: your own)")
+    ssh.add_argument("command", nargs="*", default=[], help="after --: what to run there (default: a shell)")
+    ssh.add_argument("--no-start", action="store_true", help="refuse a stopped workstation instead of starting it")
+    ssh.add_argument("-o", dest="ssh_args", action="append", default=[], type=lambda v: f"-o{v}",
+                     help="an OpenSSH option for ssh, e.g. -o ServerAliveInterval=30")
+    _add_login_flags(ssh)
+    ssh.set_defaults(func=_ssh)
+    config = sub.add_parser("ssh-config", help="print (or --write) ~/.ssh/config Host blocks for your workstations")
+    config.add_argument("--write", nargs="?", const="~/.ssh/config", default=None, metavar="FILE",
+                        help="replace this hub's block in FILE (default ~/.ssh/config) instead of printing it")
+    config.add_argument("--prefix", default="kubevirt.", help="the Host names' prefix (default kubevirt.)")
+    _add_login_flags(config)
+    config.set_defaults(func=_ssh_config)
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command in ("sim", "demo") and args.speed <= 0:

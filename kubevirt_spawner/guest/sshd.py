@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
+import re
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +40,8 @@ if TYPE_CHECKING:
     from .proxy import WorkstationGuest
 
 SSH_OFF = "The hub's admin turned SSH off for this workstation."
+# A refusal's sentence, for the client (kubevirt-spawner tunnel): a websocket client sees no page.
+REFUSAL_HEADER = "X-Workstation-Refusal"
 # RFC 6455 close code 1011: the server met a condition that kept it from completing the request.
 CLOSE_INTERNAL_ERROR = 1011
 
@@ -69,6 +73,16 @@ class SshTunnelHandler(RawSocketHandler):
         refused = owner_refusal(self.current_user, self.guest.user, "open this workstation's SSH tunnel")
         if refused:
             raise web.HTTPError(403, refused)
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        said = exc.log_message if isinstance(exc, web.HTTPError) else None
+        if said:  # (this handler's sentences; Jupyter's own 403 has none)
+            # a header carries Latin-1 only, and no line breaks (an owner's name may hold anything)
+            self.set_header(REFUSAL_HEADER, re.sub(r"[\x00-\x1f\x7f]", " ", said.encode("ascii", "backslashreplace").decode()))
+        message = said or self._reason
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"error": message}))
 
     def _create_ws_connection(self, proto):  # the one sshd this server is configured with
         return asyncio.get_running_loop().create_connection(proto, self.guest.sshd_host, self.guest.sshd_port)
