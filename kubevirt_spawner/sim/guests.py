@@ -21,6 +21,9 @@ import sys
 import time
 import uuid
 
+from ..guest.launch import linux_name
+from . import sshd as sim_sshd
+
 log = logging.getLogger(__name__)
 
 JUPYTER_PORT = 8888
@@ -236,6 +239,7 @@ class Guest:
         self.command = command
         self.proc: asyncio.subprocess.Process | None = None
         self.null_server: asyncio.AbstractServer | None = None
+        self.sshd: asyncio.AbstractServer | None = None  # (sim.sshd's server: asyncssh's SSHAcceptor)
         self.uid = ""  # of the VMI it runs for
         self.grace_override: int | None = None  # a shorter grace period asked for during the shutdown
         self.hurried = asyncio.Event()  # set when grace_override changes
@@ -254,6 +258,10 @@ class Guest:
         cmd = list(self.command) if self.command else default_command(self.env) + list(self.args)
         cmd += [f"--ip={self.ip}", f"--port={JUPYTER_PORT}", f"--ServerApp.root_dir={self.root}",
                 "--ServerApp.open_browser=False"]
+        if self.env.get("JUPYTERHUB_USER"):  # a workstation: its sshd, behind the guest's tunnel
+            self.sshd = await sim_sshd.start(self.ip, self.root, linux_name(user), home)
+            if self.sshd is not None and not self.command:
+                cmd += [f"--WorkstationGuest.sshd_host={self.ip}", f"--WorkstationGuest.sshd_port={sim_sshd.SSHD_PORT}"]
         os.makedirs(os.path.dirname(self.log_path), exist_ok=True)
         logfile = open(self.log_path, "ab")
         try:
@@ -283,8 +291,14 @@ class Guest:
         self.grace_override = grace
         self.hurried.set()
 
+    def _stop_sshd(self):
+        if self.sshd is not None:
+            self.sshd.close()
+            self.sshd = None
+
     async def stop(self, grace: float):
         """The end of an ACPI shutdown: SIGTERM, then SIGKILL when the grace period is over."""
+        self._stop_sshd()
         if self.null_server is not None:
             self.null_server.close()
             return 0
@@ -298,6 +312,7 @@ class Guest:
             return await self.proc.wait()
 
     def kill(self):
+        self._stop_sshd()
         if self.null_server is not None:
             self.null_server.close()
         elif self.proc is not None and self.proc.returncode is None:
