@@ -15,9 +15,14 @@ def _jupyter_server_extension_points():
 def _load_jupyter_server_extension(serverapp):
     # Imported here, not with the package: the workstation unit's `kubevirt-workstation`
     # (guest.launch) only execs Jupyter, and Jupyter's modules cost it seconds of a boot.
-    from . import activity, sshd
+    from . import activity
     from .proxy import ActivityReporter, setup_handlers
     guest = setup_handlers(serverapp)
-    sshd.setup_handlers(serverapp, guest)
+    try:
+        from . import sshd  # (jupyter-server-proxy: the [guest] extra brings it)
+    except ImportError as err:
+        serverapp.log.warning("SSH tunnel: not served: %s (install kubevirt-spawner[guest])", err)
+    else:
+        sshd.setup_handlers(serverapp, guest)
     # what keeps the machine busy beyond Jupyter (logins, GPUs): the hub's activity, and the why
     activity.start(serverapp, ActivityReporter(guest))
