@@ -21,7 +21,6 @@ import sys
 import time
 import uuid
 
-from ..guest.launch import linux_name
 from . import sshd as sim_sshd
 
 log = logging.getLogger(__name__)
@@ -259,7 +258,9 @@ class Guest:
         cmd += [f"--ip={self.ip}", f"--port={JUPYTER_PORT}", f"--ServerApp.root_dir={self.root}",
                 "--ServerApp.open_browser=False"]
         if self.env.get("JUPYTERHUB_USER"):  # a workstation: its sshd, behind the guest's tunnel
-            self.sshd = await sim_sshd.start(self.ip, self.root, linux_name(user), home)
+            # (the account is the hub's name, as this guest's home is: the image's unit would make
+            # guest.launch.linux_name of it, the same for every name a Linux account may have)
+            self.sshd = await sim_sshd.start(self.ip, self.root, user, home)
             if self.sshd is not None and not self.command:
                 cmd += [f"--WorkstationGuest.sshd_host={self.ip}", f"--WorkstationGuest.sshd_port={sim_sshd.SSHD_PORT}"]
         os.makedirs(os.path.dirname(self.log_path), exist_ok=True)
