@@ -92,13 +92,18 @@ def read_config(path: str) -> dict[str, str]:
 
 def write_config(path: str, login: Login) -> None:
     """The hub's URL and token, mode 0600 from the first byte (never readable in between)."""
+    replace_file(path, json.dumps({"url": login.url, "token": login.token}), 0o600)
+
+
+def replace_file(path: str, text: str, mode: int) -> None:
+    """Write `path` whole, with `mode` from its first byte (a reader sees the old file or the new one)."""
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    tmp = path + ".tmp"
+    tmp = path + ".kubevirt-spawner.tmp"
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump({"url": login.url, "token": login.token}, f)
+        f.write(text)
     os.replace(tmp, path)
 
 
@@ -419,20 +424,13 @@ def replace_block(text: str, url: str, block: str) -> str:
 
 
 def write_ssh_config(path: str, url: str, block: str) -> None:
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
-        mode = stat.S_IMODE(os.stat(path).st_mode)
+        mode = stat.S_IMODE(os.stat(path).st_mode)  # (the user's own mode is kept)
     except FileNotFoundError:
         text, mode = "", 0o600
-    tmp = path + ".kubevirt-spawner.tmp"
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(replace_block(text, url, block))
-    os.replace(tmp, path)
+    replace_file(path, replace_block(text, url, block), mode)
 
 
 async def workstations(login: Login) -> list[tuple[str, str]]:
