@@ -179,13 +179,18 @@ def test_the_workstation_unit_starts_beside_cloud_init_not_after_it():
     """Jupyter's start-up overlaps cloud-init's and the network's (sysinit.target waits for
     cloud-init.service, which waits for network-online.target): the unit leaves the default
     dependencies out and names the ones it needs, the env disk's device among them, and still
-    stops before the machine does (systemd.special(7), systemd.unit(5) DefaultDependencies=)."""
+    stops before the machine does (systemd.special(7), systemd.unit(5) DefaultDependencies=). It
+    starts after home.mount: the workspace disk's fstab line is nofail, and systemd orders a
+    nofail mount before nothing, local-fs.target included (systemd.mount(5), nofail), so without
+    it a home was made on the system disk and then hidden by the late mount (a CI run)."""
     unit = ini(RECIPE / "kubevirt-workstation.service")["Unit"]
     keys = {}
     for key, value in unit:
         keys.setdefault(key, []).extend(value.split())
     assert keys["DefaultDependencies"] == ["no"]
-    assert {"local-fs.target", "systemd-journald.socket", "dev-disk-by\\x2did-virtio\\x2dhubenv.device"} <= set(keys["After"])
+    assert {"local-fs.target", "systemd-journald.socket", "dev-disk-by\\x2did-virtio\\x2dhubenv.device",
+            "home.mount"} <= set(keys["After"])
+    assert "/home  ext4  defaults,nofail," in (RECIPE / "fstab").read_text()
     assert "network-online.target" not in keys["After"] and "cloud-init.service" not in keys["After"]
     assert keys["Conflicts"] == ["shutdown.target"] and keys["Before"] == ["shutdown.target"]
 

@@ -132,6 +132,72 @@ def test_the_user_is_created_once_and_keeps_the_owner_of_an_existing_home(tmp_pa
     assert "--uid" not in commands[-1]
 
 
+def test_an_account_whose_home_is_gone_gets_a_fresh_one(tmp_path):
+    """A new, blank workspace disk under an account the system disk still has: the account gets
+    the home useradd would make (the skeleton, its own, 0700), or Jupyter could never start in it."""
+    skel = tmp_path / "skel"
+    (skel / ".config").mkdir(parents=True)
+    (skel / ".bashrc").write_text("# skel\n")
+    uid = next(uid for uid in range(4321, 60000) if not _uid_exists(uid))  # (root, the tests' user, chowns)
+    gone = account("erin", uid, str(tmp_path / "homes" / "erin"))
+    (tmp_path / "homes").mkdir()
+    launch.make_home(gone, str(skel))
+    home = tmp_path / "homes" / "erin"
+    assert (home / ".bashrc").read_text() == "# skel\n" and (home / ".config").is_dir()
+    assert stat.S_IMODE(home.stat().st_mode) == 0o700 and home.stat().st_uid == uid
+    # ensure_user makes it for an account it finds without a home, and leaves a home that is there
+    (home / "notes.txt").write_text("mine")
+    made: list = []
+    erin = account("erin", uid, str(home))
+    assert ensure_user("erin", str(tmp_path / "homes"), made.append, lambda name: erin) is erin
+    assert (home / "notes.txt").read_text() == "mine" and made == []
+    gone_again = account("erin", uid, str(tmp_path / "homes" / "new"))
+    assert ensure_user("erin", str(tmp_path / "homes"), made.append, lambda name: gone_again) is gone_again
+    assert (tmp_path / "homes" / "new").is_dir() and made == []  # (from the machine's own /etc/skel)
+
+
+def test_a_workspace_disk_is_on_home_before_any_home_is_made(tmp_path):
+    """fstab mounts the workspace disk nofail, which systemd orders before nothing (systemd.mount(5)),
+    so the launcher waits for it whenever the kernel has a disk with the workspace serial (virtio_blk's
+    /sys/block/vdX/serial; KubeVirt gives the disk's `serial` to QEMU: pkg/virt-launcher/virtwrap/
+    converter/converter.go). The CI run whose home was made on the system disk, then hidden by the
+    late mount, failed on exactly this."""
+    sys_block = tmp_path / "block"
+    for name, serial in (("vda", ""), ("vdb", "hubenv"), ("sr0", None)):
+        (sys_block / name).mkdir(parents=True)
+        if serial is not None:
+            (sys_block / name / "serial").write_text(serial + "\n")
+    mounted: set[str] = set()
+    commands: list[list[str]] = []
+
+    def systemctl(command):
+        commands.append(list(command))
+        mounted.add(command[-1])
+
+    def is_mount(path):
+        return path in mounted
+
+    # no workspace disk: /home stays on the system disk, nothing is asked of systemd
+    launch.wait_for_workspace("/home", str(sys_block), systemctl, is_mount)
+    assert commands == [] and not launch.has_disk("workspace", str(sys_block))
+    # a workspace disk: systemd mounts it (its unit waits for the device and makes a filesystem)
+    (sys_block / "vdc").mkdir()
+    (sys_block / "vdc" / "serial").write_text("workspace\n")
+    launch.wait_for_workspace("/home", str(sys_block), systemctl, is_mount)
+    assert commands == [["systemctl", "start", "/home"]] and "/home" in mounted
+    # already mounted: nothing to do
+    launch.wait_for_workspace("/home", str(sys_block), systemctl, is_mount)
+    assert len(commands) == 1
+    # a mount that does not come: the launcher stops with a sentence, and the unit tries again
+    with pytest.raises(LaunchError, match="workspace disk is not mounted at /srv/homes"):
+        launch.wait_for_workspace("/srv/homes", str(sys_block), lambda command: None, is_mount)
+    def refused(command):
+        raise LaunchError("systemctl start /home failed (1): Job for home.mount failed.")
+
+    with pytest.raises(LaunchError, match="systemctl start /home failed"):
+        launch.wait_for_workspace("/home", str(sys_block), refused, lambda path: False)
+
+
 def _uid_exists(uid: int) -> bool:
     try:
         pwd.getpwuid(uid)
@@ -188,6 +254,7 @@ def test_print_shows_the_account_and_command(tmp_path, monkeypatch, capsys):
     for name, value in {**ENV, "args.json": '["--debug"]'}.items():
         (tmp_path / name).write_text(value)
     monkeypatch.setattr(launch, "mount_env_disk", lambda device, target: None)
+    monkeypatch.setattr(launch, "wait_for_workspace", lambda homes: None)
     monkeypatch.setattr(launch, "ensure_user", lambda name, homes, groups=(): account(name, 1000, f"{homes}/{name}"))
     assert launch.main(["--mount", str(tmp_path), "--print"]) == 0
     shown = json.loads(capsys.readouterr().out)

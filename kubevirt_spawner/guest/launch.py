@@ -8,9 +8,12 @@ this user's Jupyter server (deploy/golden-image/kubevirt-workstation.service sta
    Jupyter arguments in `args.json`. KubeVirt grafts every entry of the Secret's mount into the
    image (pkg/config/config.go), kubelet's `..data` and `..<timestamp>` directories included,
    and cloud-init's `userdata` is no variable: those are skipped.
-3. It creates the Linux user for JUPYTERHUB_USER when there is none (a clone's first boot, or the
-   first boot after a reset of the system disk), keeping the owner of a home that the workspace
-   disk already holds, so the user's files stay theirs.
+3. When the VM has a workspace disk, it waits for that disk on /home (a home made on the system
+   disk first would be hidden by the mount, and lost to the user). It creates the Linux user for
+   JUPYTERHUB_USER when there is none (a clone's first boot, or the first boot after a reset of
+   the system disk), keeping the owner of a home that the workspace disk already holds, so the
+   user's files stay theirs; an account whose home is missing (a new, blank workspace disk) gets
+   a fresh one.
 4. It runs jupyterhub-singleuser as that user in their home; JUPYTERHUB_SERVICE_URL (from the
    spawner) makes it listen on 0.0.0.0:8888. The unit restarts it whenever it ends.
 """
@@ -30,13 +33,15 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 
-from ..objects import ARGS_KEY, ENV_DISK_SERIAL, USERDATA_KEY, WORKSPACE_MOUNT
+from ..objects import ARGS_KEY, ENV_DISK_SERIAL, USERDATA_KEY, WORKSPACE_DISK_SERIAL, WORKSPACE_MOUNT
 
 ENV_DEVICE = f"/dev/disk/by-id/virtio-{ENV_DISK_SERIAL}"  # systemd's 60-persistent-storage.rules
 ENV_MOUNT = "/run/kubevirt-workstation/env"
 # Rock Ridge keeps kubelet's modes (0644: readable by all) and Debian 12's kernel refuses isofs's
 # overriderockperms, so the token is kept from users by the mount's root-only parent directory.
 ENV_MOUNT_OPTIONS = "ro,nosuid,nodev,noexec"
+SYS_BLOCK = "/sys/block"  # virtio_blk gives each disk's serial as /sys/block/vdX/serial
+SKEL = "/etc/skel"
 RUNTIME_BASE = "/run/jupyter"  # Jupyter's runtime directories, one per account, on the /run tmpfs
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # useradd's default NAME_REGEX (Debian's adduser.conf is stricter still): lower case, at most 32
@@ -112,6 +117,37 @@ def _arguments(text: str) -> list[str]:
     return args
 
 
+# ------------------------------------------------------------------------------------ the workspace disk
+
+def has_disk(serial: str, sys_block: str = SYS_BLOCK) -> bool:
+    """Whether the kernel has a virtio disk with this serial (the VM's disk `serial`, which KubeVirt
+    passes to QEMU). The kernel finds every virtio disk when its driver loads, in the initramfs,
+    long before udev makes the /dev/disk/by-id links that fstab's mount waits for."""
+    try:
+        names = os.listdir(sys_block)
+    except OSError:
+        return False
+    for name in names:
+        with contextlib.suppress(OSError), open(os.path.join(sys_block, name, "serial"), encoding="ascii") as f:
+            if f.read().strip() == serial:
+                return True
+    return False
+
+
+def wait_for_workspace(homes: str = WORKSPACE_MOUNT, sys_block: str = SYS_BLOCK, runner: Runner = run,
+                       is_mount: Callable[[str], bool] = os.path.ismount) -> None:
+    """When the VM has a workspace disk, `homes` must be that disk before a home is made or used.
+    fstab mounts it `nofail` (a VM without one still boots), and systemd orders a nofail mount
+    before nothing: this asks systemd for the mount and waits for it (the device, a filesystem on a
+    blank disk, the mount). A failure ends the launcher, and the unit tries again."""
+    if is_mount(homes) or not has_disk(WORKSPACE_DISK_SERIAL, sys_block):
+        return
+    runner(["systemctl", "start", homes])  # (systemctl takes a path for its mount unit)
+    if not is_mount(homes):
+        raise LaunchError(f"the workspace disk is not mounted at {homes}: systemd started its mount unit "
+                          f"but nothing is mounted there (see `systemctl status {homes}`)")
+
+
 # ---------------------------------------------------------------------------------------------- the user
 
 def linux_name(hub_user: str) -> str:
@@ -135,6 +171,8 @@ def ensure_user(name: str, homes: str = WORKSPACE_MOUNT, runner: Runner = run,
         if account.pw_uid < FIRST_USER_UID:  # root, daemon, mail...: never a hub user's server
             raise LaunchError(f"The hub user {name} has the name of the system account {name} (uid "
                               f"{account.pw_uid}); give the user another name in JupyterHub.")
+        if not os.path.isdir(account.pw_dir):
+            make_home(account)
         return account
     home = os.path.join(homes, name)
     command = ["useradd", "--create-home", "--home-dir", home, "--shell", SHELL, "--user-group"]
@@ -148,6 +186,19 @@ def ensure_user(name: str, homes: str = WORKSPACE_MOUNT, runner: Runner = run,
         command += ["--uid", str(owner)]
     runner([*command, name])
     return lookup(name)
+
+
+def make_home(account: pwd.struct_passwd, skel: str = SKEL) -> None:
+    """A fresh home for an account whose home is gone (the VM has a new, blank workspace disk): what
+    useradd --create-home makes, the skeleton's files owned by the account, the home 0700."""
+    if os.path.isdir(skel):
+        shutil.copytree(skel, account.pw_dir, symlinks=True)
+    else:
+        os.makedirs(account.pw_dir)
+    for directory, dirs, files in os.walk(account.pw_dir):
+        for name in [directory, *(os.path.join(directory, n) for n in dirs + files)]:
+            os.lchown(name, account.pw_uid, account.pw_gid)
+    os.chmod(account.pw_dir, 0o700)
 
 
 def existing_groups(names: Sequence[str]) -> list[str]:
@@ -218,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         mount_env_disk(opts.device, opts.mount)
         env, args = read_env_disk(opts.mount)
+        wait_for_workspace(opts.homes)
         account = ensure_user(linux_name(env["JUPYTERHUB_USER"]), opts.homes, groups=existing_groups([ADMIN_GROUP]))
         command = server_command(args, os.path.dirname(sys.executable))
     except LaunchError as err:
