@@ -38,4 +38,5 @@ python3 -m mypy
 echo "== import contracts (production never imports the simulator)"
 lint-imports --no-cache
 echo "== pytest"
-python3 -m pytest -q "$@"
+# the slowest tests are listed at the end, so what makes CI long shows in its log
+python3 -m pytest -q --durations=25 "$@"
