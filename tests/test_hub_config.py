@@ -85,10 +85,14 @@ def service_registered(c, port: int | None = None):
 
 def test_both_configs_register_the_workstations_service(monkeypatch, tmp_path):
     c = load(HUB_CONFIG / "jupyterhub_config.py", {"POD_NAMESPACE": "hub-prod", **PUBLIC, "KUBERNETES_SERVICE_HOST": "10.0.0.1",
-                                                   "KUBERNETES_SERVICE_PORT": "443"}, monkeypatch)
+                                                   "KUBERNETES_SERVICE_PORT": "443", "PGPASSWORD": "db",
+                                                   "CONFIGPROXY_AUTH_TOKEN": "proxy"}, monkeypatch)
     env = service_registered(c)["environment"]
     # In the hub's pod, the service needs what the in-cluster client reads, and what this file reads.
     assert env["KUBERNETES_SERVICE_HOST"] == "10.0.0.1" and env["POD_NAMESPACE"] == "hub-prod"
+    # and the hub database's password, as Zero-to-JupyterHub gives it (the SSH keys live there);
+    # no other secret (jupyterhub/templates/hub/deployment.yaml: PGPASSWORD, MYSQL_PWD)
+    assert env["PGPASSWORD"] == "db" and "CONFIGPROXY_AUTH_TOKEN" not in env
     assert c.Workstations.snapshot_limit == 20
     demo_env = {"KUBEVIRT_DEMO_STATE": str(tmp_path), "KUBEVIRT_DEMO_PORT": "8000", "KUBEVIRT_DEMO_HUB_PORT": "8081",
                 "CONFIGPROXY_API_URL": "http://127.0.0.1:8001", "KUBEVIRT_DEMO_ADMIN_TOKEN": "secret",

@@ -18,6 +18,10 @@ SERVICE_NAME = "workstations"
 # The hub's environment variables the service is not given: the proxy's token, cookie secrets,
 # passwords, keys (the service authenticates with its own token, which JupyterHub gives it)
 SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|PWD|_KEY|KEYS)$", re.IGNORECASE)
+# ...except the hub's database password: the service keeps users' SSH keys in the hub's database
+# (c.Workstations.ssh_keys_db_url). Zero-to-JupyterHub's hub.db.password reaches the hub as one of
+# these (jupyterhub/templates/hub/deployment.yaml), which the database drivers read themselves.
+DATABASE_PASSWORDS = ("PGPASSWORD", "MYSQL_PWD")
 CONFIG_ENV = "KUBEVIRT_SPAWNER_HUB_CONFIG"
 # What the service may do through the hub's API: read users and their servers, start and stop
 # servers (restore and reset do, so the hub's view stays true), and record activity (keep-alive).
@@ -49,7 +53,7 @@ def register(c, config_file: str | None = None, port: int = 10101, ip: str = "12
     # (not JupyterHub's own JUPYTERHUB_* of the hub's process: a service's environment goes over
     # what JupyterHub sets for the service, jupyterhub/spawner.py get_env)
     env = {name: value for name, value in os.environ.items()
-           if not SECRET_NAME.search(name) and not name.startswith("JUPYTERHUB_")}
+           if (not SECRET_NAME.search(name) or name in DATABASE_PASSWORDS) and not name.startswith("JUPYTERHUB_")}
     env[CONFIG_ENV] = os.path.abspath(config_file) if config_file else hub_config_file()
     services = list(c.JupyterHub.services) if "services" in c.JupyterHub else []
     url = f"http://{host or ip}:{port}"

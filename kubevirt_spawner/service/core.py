@@ -13,7 +13,7 @@ from datetime import datetime, timedelta, timezone
 
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from traitlets import Bool, Float, Integer, List, TraitError, Unicode, validate
+from traitlets import Bool, Float, Integer, List, TraitError, Unicode, default, validate
 from traitlets.config import LoggingConfigurable
 
 from .. import kube as k
@@ -25,6 +25,7 @@ from ..quantity import parse_quantity
 from ..spawner import KubeVirtSpawner
 from ..workstation import Workstation, WorkstationError, refusals_explained
 from .hub import Hub, HubError, HubServer
+from .sshkeys import BadKey, KeyConflict, KeyStore, parse_public_key
 
 ANNOTATION_DISK_USAGE = m.LABEL_PREFIX + "disk-usage"  # the last usage the guest agent reported
 LEVELS = ((95, "95"), (85, "85"), (70, "70"))
@@ -129,6 +130,16 @@ class Workstations(LoggingConfigurable):
     idle_warn_before = Integer(600, config=True, help="""
         Seconds before an idle stop at which the Lab warns, with a "Keep running" button.""")
 
+    ssh_keys_db_url = Unicode(config=True, help="""
+        The database that keeps users' SSH public keys (a table kubevirt_spawner_ssh_keys, made on
+        first use). Default: the hub's own `c.JupyterHub.db_url`, so the keys live and are backed
+        up with the hub's users.""")
+
+    @default("ssh_keys_db_url")
+    def _default_ssh_keys_db_url(self):
+        hub = self.config.JupyterHub if "JupyterHub" in self.config else {}
+        return hub.get("db_url") or "sqlite:///jupyterhub.sqlite"  # (JupyterHub's own default)
+
     @validate("server_token_actions")
     def _check_server_token_actions(self, proposal):
         unknown = sorted(set(proposal.value) - set(SERVER_TOKEN_ACTIONS))
@@ -147,6 +158,7 @@ class Workstations(LoggingConfigurable):
         self._keepalives: dict[tuple[str, str], datetime] = {}
         self._usage: dict[tuple[str, str], dict] = {}
         self._activity: dict[tuple[str, str], dict] = {}  # the guest's last word on why it is busy
+        self.keystore = KeyStore(self.ssh_keys_db_url)
         self.registry = CollectorRegistry()
         self.m_operations = Counter("workstations_operations", "Operations by kind and result",
                                     ["kind", "result"], registry=self.registry)
@@ -703,6 +715,51 @@ class Workstations(LoggingConfigurable):
                 deleted.append(f"{kind.kind}/{obj['metadata']['name']}")
         self._audit(caller, "purge", ws, "deleted " + ", ".join(deleted))
         return {"deleted": deleted}
+
+    # ---------------------------------------------------------------- SSH keys
+    async def _account_created(self, user: str) -> str:
+        """The JupyterHub account's creation time: keys are that account's, not its name's."""
+        model = await self.hub.user(user)
+        if model is None:
+            raise ServiceError(404, f"JupyterHub has no user {user}.")
+        return str(model.get("created") or "")
+
+    async def ssh_keys(self, caller: Caller, user: str) -> dict:
+        """The user's SSH public keys: for the user (a workstation's own token too: its sshd asks
+        with it at every login) and admins."""
+        self.authorize(caller, user)
+        created = await self._account_created(user)
+        return {"ssh_keys": await asyncio.to_thread(self.keystore.keys, user, created)}
+
+    def _refuse_key_change(self, caller: Caller, user: str, action: str):
+        if caller.name != user and not (caller.admin and action == "delete"):
+            raise ServiceError(403, "You may only add or delete your own SSH keys (an admin may delete one).")
+        if caller.name == user and caller.servers is not None:
+            raise ServiceError(403, f"A workstation's own token may not {action} SSH keys (anyone with a terminal "
+                                    "in the workstation can read it, and the keys open all your workstations); "
+                                    "do it on the workstations page, logged in as yourself.")
+
+    async def add_ssh_key(self, caller: Caller, user: str, text) -> dict:
+        self._refuse_key_change(caller, user, "add")
+        try:
+            key = parse_public_key(text)
+        except BadKey as err:
+            raise ServiceError(400, str(err)) from None
+        created = await self._account_created(user)
+        try:
+            added = await asyncio.to_thread(self.keystore.add, user, created, key)
+        except KeyConflict as err:
+            raise ServiceError(409, str(err)) from None
+        self.log.info("audit: %s add-ssh-key %s: %s %s", caller.name, user, key.type, key.fingerprint)
+        return added
+
+    async def delete_ssh_key(self, caller: Caller, user: str, fingerprint: str) -> dict:
+        self._refuse_key_change(caller, user, "delete")
+        created = await self._account_created(user)
+        if not await asyncio.to_thread(self.keystore.delete, user, created, fingerprint):
+            raise ServiceError(404, f"{user} has no SSH key with the fingerprint {fingerprint[:80]}.")
+        self.log.info("audit: %s delete-ssh-key %s: %s", caller.name, user, fingerprint)
+        return {"deleted": fingerprint}
 
     # ---------------------------------------------------------------- audit, metrics
     def _audit(self, caller: Caller, action: str, ws: Workstation, result: str, detail: str = ""):

@@ -187,6 +187,34 @@ class WorkstationApi(Api):
         await self.run(work())
 
 
+class SshKeysApi(Api):
+    """/api/v1/users/USER/ssh-keys[/FINGERPRINT] (the fingerprint as ssh-keygen -l prints it,
+    URL-encoded: it holds / and +)."""
+
+    async def get(self, user, fingerprint):
+        async def work():
+            if fingerprint:
+                raise ServiceError(405, "Use GET on the list of keys; DELETE removes one.")
+            return await self.core.ssh_keys(self.caller(), user)
+        await self.run(work())
+
+    async def post(self, user, fingerprint):
+        async def work():
+            caller = self.caller()
+            if fingerprint:
+                raise ServiceError(404, "No such endpoint.")
+            return await self.core.add_ssh_key(caller, user, self.body().get("key"))
+        await self.run(work(), 201)
+
+    async def delete(self, user, fingerprint):
+        async def work():
+            caller = self.caller()
+            if not fingerprint:
+                raise ServiceError(405, "Name the key to delete by its fingerprint.")
+            return await self.core.delete_ssh_key(caller, user, fingerprint)
+        await self.run(work())
+
+
 class NotFoundApi(Api):
     async def get(self, *args):
         self.write_json({"error": "No such endpoint."}, 404)
@@ -336,6 +364,7 @@ def make_app(core: Workstations, prefix: str, hub_prefix: str = "/hub/") -> web.
         (prefix + f"api/v1/workstations/{user}{server}(?:/({'|'.join(API_ACTIONS)}))?(?:/([^/]+))?/?",
          WorkstationApi, args),
         (prefix + "api/v1/capacity/?", CapacityApi, args),
+        (prefix + f"api/v1/users/{user}/ssh-keys(?:/([^/]+))?/?", SshKeysApi, args),
         (prefix + "api/(.*)", NotFoundApi, args),
         (prefix + "metrics/?", Metrics, args),
         (prefix + f"workstation/{user}{server}/?", Page, args),
@@ -388,3 +417,4 @@ async def serve(port: int, config_path: str | None = None, ip: str = "127.0.0.1"
         for task in background:
             task.cancel()
         await hub.close()
+        core.keystore.close()
