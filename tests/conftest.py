@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import threading
 import uuid
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,7 @@ from kubernetes import client
 
 from kubevirt_spawner.sim.schema import SchemaRegistry, schema_not_found_message
 
-from simtools import api_client, start_sim
+from simtools import KeysService, api_client, start_sim
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 
@@ -69,3 +71,15 @@ def ns(core):
     name = f"t-{uuid.uuid4().hex[:8]}"
     core.create_namespace({"metadata": {"name": name}})
     return name
+
+
+@pytest.fixture
+def keys_service():
+    """A stand-in workstations service on loopback that answers `KeysService.answers` (path:
+    (status, body)) to the token s3cret; its URL, as the spawner gives it to a guest."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), KeysService)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/services/workstations/"
+    server.shutdown()
+    server.server_close()

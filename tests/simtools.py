@@ -5,10 +5,12 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import json
 import shutil
 import subprocess
 import tempfile
 import time
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import requests
@@ -153,3 +155,23 @@ def descendants(pid: int) -> list[int]:
             found.append(child)
             todo.append(child)
     return found
+
+
+class KeysService(BaseHTTPRequestHandler):
+    """What the guest's keys command asks: GET .../ssh-keys with the server's token."""
+
+    answers: dict = {}
+
+    def do_GET(self):
+        status, body = self.answers.get(self.path, (404, {"error": "No such endpoint."}))
+        if self.headers.get("Authorization") != "token s3cret":
+            status, body = 403, {"error": "This token may not use the workstations service."}
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass

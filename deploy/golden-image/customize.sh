@@ -25,6 +25,10 @@ install -m 0755 "$here/verify-clone.sh" "$here/seal.sh" "$root/usr/local/sbin/"
 install -m 0644 "$here/cloud.cfg" "$root/etc/cloud/cloud.cfg.d/90-kubevirt-workstation.cfg"
 install -m 0644 "$here/network.network" "$root/etc/systemd/network/20-workstation.network"
 install -m 0440 "$here/sudoers" "$root/etc/sudoers.d/kubevirt-workstation"
+install -m 0644 "$here/sshd.conf" "$root/etc/ssh/sshd_config.d/10-kubevirt-workstation.conf"
+# sshd's AuthorizedKeysCommandUser: an account for nothing else, which (through its group) reads
+# the launcher's access file of each boot, the server's token with it (guest/keys.py)
+in_root useradd --system --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin kubevirt-keys
 sed -e "s/@ROOT_UUID@/$KVS_ROOT_UUID/" -e "s/@ESP_ID@/${KVS_ESP_ID:0:4}-${KVS_ESP_ID:4:4}/" "$here/fstab" > "$root/etc/fstab"
 mkdir -p "$root/boot/efi" "$root/etc/kubevirt-workstation" "$root/usr/share/doc/kubevirt-workstation"
 install -m 0644 "$here/README.md" "$root/usr/share/doc/kubevirt-workstation/README.md"

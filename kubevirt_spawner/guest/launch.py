@@ -14,7 +14,10 @@ this user's Jupyter server (deploy/golden-image/kubevirt-workstation.service sta
    the system disk), keeping the owner of a home that the workspace disk already holds, so the
    user's files stay theirs; an account whose home is missing (a new, blank workspace disk) gets
    a fresh one.
-4. It runs jupyterhub-singleuser as that user in their home; JUPYTERHUB_SERVICE_URL (from the
+4. It leaves the keys command of the machine's sshd (guest/keys.py) what it needs to ask the
+   workstations service for the user's SSH keys: the service's URL and this start's token, in a
+   file only root and that command's group read (none when the hub turned SSH off).
+5. It runs jupyterhub-singleuser as that user in their home; JUPYTERHUB_SERVICE_URL (from the
    spawner) makes it listen on 0.0.0.0:8888. The unit restarts it whenever it ends.
 """
 
@@ -34,6 +37,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from ..objects import ARGS_KEY, ENV_DISK_SERIAL, USERDATA_KEY, WORKSPACE_DISK_SERIAL, WORKSPACE_MOUNT
+from . import keys
 
 ENV_DEVICE = f"/dev/disk/by-id/virtio-{ENV_DISK_SERIAL}"  # systemd's 60-persistent-storage.rules
 ENV_MOUNT = "/run/kubevirt-workstation/env"
@@ -210,6 +214,13 @@ def existing_groups(names: Sequence[str]) -> list[str]:
     return found
 
 
+def group_id(name: str) -> int | None:
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        return None
+
+
 def _uid_taken(uid: int) -> bool:
     try:
         pwd.getpwuid(uid)
@@ -278,6 +289,10 @@ def main(argv: list[str] | None = None) -> int:
     if opts.print:
         print(json.dumps({"user": account.pw_name, "home": account.pw_dir, "command": command}))
         return 0
+    try:
+        keys.write_access(env, account.pw_name, group_id(keys.KEYS_GROUP))
+    except OSError as err:  # (Jupyter starts all the same: SSH is the one thing missing)
+        print(f"kubevirt-workstation: SSH keys cannot be looked up at login: {err}", file=sys.stderr)
     print(f"kubevirt-workstation: starting Jupyter for {env['JUPYTERHUB_USER']} as {account.pw_name}", flush=True)
     environment = server_environment(env, account, dict(os.environ), runtime_dir(account))
     become(account)
