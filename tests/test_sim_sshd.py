@@ -1,7 +1,8 @@
 """The process guests' sshd (kubevirt_spawner/sim/sshd.py): public keys of the account only, a
 command in the account's home, sftp on the machine's files, a host key kept on the root disk.
 It stands in for the golden image's OpenSSH sshd (deploy/golden-image), so it refuses what that
-refuses: passwords, other accounts, keys not in ~/.ssh/authorized_keys."""
+refuses: passwords, other accounts, keys neither the workstations service (through the guest's
+keys command) nor ~/.ssh/authorized_keys gives."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import pytest
 asyncssh = pytest.importorskip("asyncssh", reason="asyncssh is in the [test] extra")
 
 from kubevirt_spawner.sim import sshd  # noqa: E402
+
+from simtools import KeysService  # noqa: E402
 
 
 @pytest.fixture
@@ -50,3 +53,41 @@ async def test_a_password_is_never_asked_for(machine):
     with pytest.raises(asyncssh.PermissionDenied):
         await asyncssh.connect("127.0.0.1", port, username="alice", password="secret", client_keys=None,
                                known_hosts=None)
+
+
+async def test_keys_from_the_workstations_service_log_in_until_they_are_deleted(tmp_path, monkeypatch, keys_service):
+    service = keys_service
+    """As the image's sshd does (deploy/golden-image/sshd.conf): at every login the keys command
+    asks the service for the user's keys; a key the service no longer lists is refused at the
+    next login, and a key in ~/.ssh/authorized_keys still logs in (AuthorizedKeysFile)."""
+    monkeypatch.setattr(sshd, "SSHD_PORT", 0)
+    root = tmp_path / "machine"
+    (root / "home" / "alice").mkdir(parents=True)
+    env = {"JUPYTERHUB_USER": "Alice Smith", "JUPYTERHUB_API_TOKEN": "s3cret", "KUBEVIRT_WORKSTATIONS_URL": service}
+    access = sshd.write_keys_access(str(root), env, "alice")
+    from_service = asyncssh.generate_private_key("ssh-ed25519")
+    KeysService.answers = {"/services/workstations/api/v1/users/Alice%20Smith/ssh-keys":
+                       (200, {"ssh_keys": [{"key": from_service.export_public_key().decode().strip()}]})}
+    server = await sshd.start("127.0.0.1", str(root), "alice", keys_access=access)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with asyncssh.connect("127.0.0.1", port, username="alice", client_keys=[from_service],
+                                    known_hosts=None) as conn:
+            assert (await conn.run("echo in")).stdout == "in\n"
+        KeysService.answers = {"/services/workstations/api/v1/users/Alice%20Smith/ssh-keys": (200, {"ssh_keys": []})}
+        with pytest.raises(asyncssh.PermissionDenied):
+            await asyncssh.connect("127.0.0.1", port, username="alice", client_keys=[from_service], known_hosts=None)
+        own = asyncssh.generate_private_key("ssh-ed25519")
+        (root / "home" / "alice" / ".ssh").mkdir()
+        (root / "home" / "alice" / ".ssh" / "authorized_keys").write_bytes(own.export_public_key())
+        async with asyncssh.connect("127.0.0.1", port, username="alice", client_keys=[own], known_hosts=None):
+            pass
+        # SSH turned off by the hub: the next start leaves no access, and the service is not asked
+        sshd.write_keys_access(str(root), {**env, "KUBEVIRT_SSH_ENABLED": "0"}, "alice")
+        KeysService.answers = {"/services/workstations/api/v1/users/Alice%20Smith/ssh-keys":
+                           (200, {"ssh_keys": [{"key": from_service.export_public_key().decode().strip()}]})}
+        with pytest.raises(asyncssh.PermissionDenied):
+            await asyncssh.connect("127.0.0.1", port, username="alice", client_keys=[from_service], known_hosts=None)
+    finally:
+        server.close()
+        await server.wait_closed()

@@ -260,7 +260,8 @@ class Guest:
         if self.env.get("JUPYTERHUB_USER"):  # a workstation: its sshd, behind the guest's tunnel
             # (the account is the hub's name, as this guest's home is: the image's unit would make
             # guest.launch.linux_name of it, the same for every name a Linux account may have)
-            self.sshd = await sim_sshd.start(self.ip, self.root, user, home)
+            access = sim_sshd.write_keys_access(self.root, self.env, user)
+            self.sshd = await sim_sshd.start(self.ip, self.root, user, home, access)
             if self.sshd is not None and not self.command:
                 cmd += [f"--WorkstationGuest.sshd_host={self.ip}", f"--WorkstationGuest.sshd_port={sim_sshd.SSHD_PORT}"]
         os.makedirs(os.path.dirname(self.log_path), exist_ok=True)
