@@ -70,9 +70,9 @@ def bad_inputs(keygen) -> list[tuple[object, str]]:
         ("hello world", "not a key type OpenSSH accepts"),
         ("ssh-ed25519", "no key data"),
         ("ssh-ed25519 not*base64!", "not base64"),
-        (f"ssh-rsa {data}", "is not a ssh-rsa key"),  # an ed25519 blob called RSA
+        (f"ssh-rsa {data}", "is a 'ssh-ed25519' key, not a ssh-rsa key"),  # an ed25519 blob called RSA
         (f"ssh-ed25519 {wire(b'ssh-ed25519', b'tooshort')}", "damaged"),
-        (f"ssh-ed25519 {base64.b64encode(b'junk').decode()}", "is not a ssh-ed25519 key"),
+        (f"ssh-ed25519 {base64.b64encode(b'junk').decode()}", "cut short or is no SSH key"),
         (rsa_small, "1024 bits; at least 2048"),
         (f"{kind} {data} evil\x1b[2Jcomment", "printable"),
         (f"{kind} {data} {'c' * 300}", "at most 200"),

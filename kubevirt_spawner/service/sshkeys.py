@@ -92,8 +92,10 @@ def parse_public_key(text: object) -> PublicKey:
 
 def _check_blob(kind: str, blob: bytes) -> None:
     fields = _ssh_strings(blob)
-    if not fields or fields[0] != kind.encode():
-        raise BadKey(f"The key's data is not a {kind} key (it says it is {_shown(fields[0]) if fields else 'nothing'}).")
+    if not fields:
+        raise BadKey(f"The {kind} key's data is cut short or is no SSH key: copy the whole line of the .pub file.")
+    if fields[0] != kind.encode():
+        raise BadKey(f"The key's data is a {_shown(fields[0])} key, not a {kind} key.")
     if kind.startswith("sk-"):  # (cryptography loads no security keys: OpenSSH's PROTOCOL.u2f layout)
         expected = {"sk-ssh-ed25519@openssh.com": 3, "sk-ecdsa-sha2-nistp256@openssh.com": 4}[kind]
         if len(fields) != expected or (kind.startswith("sk-ssh-ed25519") and len(fields[1]) != 32) or \

@@ -239,7 +239,8 @@ class Metrics(Api):
 
 
 DONE = {"snapshot": "Snapshot taken.", "deleted": "Snapshot deleted.", "restore": "Restore started.",
-        "reset": "Reset started.", "stopped": "Stopped."}
+        "reset": "Reset started.", "stopped": "Stopped.", "key-added": "SSH key added.",
+        "key-deleted": "SSH key deleted."}
 
 
 def _back_up(view: dict) -> bool:
@@ -295,7 +296,10 @@ class Page(Base):
         try:
             if user is None:
                 items = await self.core.list_workstations(caller)
-                return self.render_page("index.html", caller=caller, workstations=items)
+                keys = (await self.core.ssh_keys(caller, caller.name))["ssh_keys"] if not caller.name.startswith(
+                    "service:") else []
+                return self.render_page("index.html", caller=caller, workstations=items, ssh_keys=keys,
+                                        message=DONE.get(self.get_argument("done", ""), ""))
             ws = await self.core.existing(caller, user, server or "")
             view = await self.core.describe(ws)
             follow = self.get_argument("follow", "")
@@ -318,7 +322,13 @@ class Page(Base):
         try:
             if len(self.request.body) > MAX_BODY_BYTES:
                 raise ServiceError(413, f"The form is larger than {MAX_BODY_BYTES // 1024} KiB.")
-            if user is None:
+            if user is None:  # the page of all the caller's workstations: their SSH keys
+                if action == "add-ssh-key":
+                    await self.core.add_ssh_key(caller, caller.name, self.get_body_argument("key", ""))
+                    return self.redirect(f"{self.settings['prefix']}?done=key-added#ssh-keys")
+                if action == "delete-ssh-key":
+                    await self.core.delete_ssh_key(caller, caller.name, self.get_body_argument("fingerprint", ""))
+                    return self.redirect(f"{self.settings['prefix']}?done=key-deleted#ssh-keys")
                 raise ServiceError(404, "No workstation named.")
             if action == "snapshot":
                 await self.core.take_snapshot(caller, user, srv, self.get_body_argument("name", "") or None,

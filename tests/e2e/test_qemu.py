@@ -14,11 +14,13 @@ import json
 import subprocess
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 import requests
 from conftest import GOLDEN_BUILD, SERVICE_API, Cluster, Hub, hub_with_service
 from guests import BOOT_TIMEOUT, GRACE, QEMU_CONFIG, holds, hub_token, qemu_simulator, run_as, volume_images
+from test_ssh import cli, keygen, keys_api, ssh, ssh_config, token_of
 
 from simtools import wait_for
 
@@ -179,6 +181,37 @@ def test_alice_has_a_real_machine_that_keeps_what_she_installs(hub: Hub, cluster
     assert sh(hub, "cat /etc/alice.conf /opt/tool/VERSION ~/notes.txt /etc/machine-id") == \
         f"tuned\n1.2\nmine\n{machine_id}\n"
     print(f"\ncold boot to Lab {cold_boot:.0f} s, stop {stopped_in:.1f} s, resume {resume:.0f} s")
+
+
+def test_ssh_through_the_hub_with_a_key_from_the_service(hub: Hub, cluster: Cluster, tmp_path: Path):
+    """The golden image's OpenSSH sshd, reached through alice's server (`sshd/`, the hub's proxy):
+    her key from the workstations service logs her in (the image's AuthorizedKeysCommand asks the
+    service from inside the machine), scp copies both ways, another user's token opens no
+    tunnel, and the key deleted in the service is refused at the next login. Upstream: OpenSSH
+    sshd_config(5) (AuthorizedKeysCommand, AuthorizedKeysCommandUser), jupyter-server-proxy
+    jupyter_server_proxy/rawsocket.py."""
+    if not (hub.server_model(USER) or {}).get("ready"):  # (run alone: the machine boots here)
+        hub.start_server(USER, timeout=BOOT_TIMEOUT)
+    token, other = token_of(hub, USER), token_of(hub, "mallory")
+    public, fingerprint = keygen(tmp_path / "id_ed25519")
+    r = keys_api(hub, token, "POST", USER, json={"key": public})
+    assert r.status_code == 201, r.text
+    config = ssh_config(hub, token, USER, tmp_path / "id_ed25519")
+    done = ssh(config, token, hub, f"kubevirt.{USER}", "id -un; hostname")
+    assert done.returncode == 0 and done.stdout == f"{USER}\n{VM}\n", (done.stdout, done.stderr)
+    (tmp_path / "up.txt").write_text("up\n")
+    assert ssh(config, token, hub, str(tmp_path / "up.txt"), f"kubevirt.{USER}:up.txt", program="scp").returncode == 0
+    assert ssh(config, token, hub, f"kubevirt.{USER}:up.txt", str(tmp_path / "down.txt"), program="scp").returncode == 0
+    assert (tmp_path / "down.txt").read_text() == "up\n" and sh(hub, "cat ~/up.txt") == "up\n"
+    # the password and root logins the image refuses, and another user's token
+    refused = cli("tunnel", USER, "--no-start", token=other, hub=hub)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    root = ssh(config, token, hub, "-l", "root", f"kubevirt.{USER}", "true")
+    assert root.returncode == 255 and "Permission denied" in root.stderr, root.stderr
+    # deleted in the service: the next login is refused
+    assert keys_api(hub, token, "DELETE", USER, rest="/" + quote(fingerprint, safe="")).status_code == 200
+    again = ssh(config, token, hub, f"kubevirt.{USER}", "true")
+    assert again.returncode == 255 and "Permission denied" in again.stderr, again.stderr
 
 
 def test_an_online_snapshot_is_application_consistent_and_restores(hub: Hub, cluster: Cluster):

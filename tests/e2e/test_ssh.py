@@ -37,12 +37,14 @@ def token_of(hub: Hub, user: str) -> str:
 
 
 def keys_api(hub: Hub, token: str, method: str, user: str = USER, rest: str = "", json=None) -> requests.Response:
+    """The service's SSH keys API of `user`, as the token's owner calls it."""
     return requests.request(method, f"{hub.url}{SERVICE_API}/users/{quote(user, safe='')}/ssh-keys{rest}",
                             headers={"Authorization": f"token {token}"}, json=json, timeout=60)
 
 
 def keygen(path: Path) -> tuple[str, str]:
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "sofia@laptop", "-f", str(path)], check=True)
+    """A new ed25519 key at `path`: its public line and ssh-keygen's fingerprint."""
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "laptop", "-f", str(path)], check=True)
     fingerprint = subprocess.run(["ssh-keygen", "-l", "-E", "sha256", "-f", f"{path}.pub"], capture_output=True,
                                  text=True, check=True).stdout.split()[1]
     return Path(f"{path}.pub").read_text().strip(), fingerprint
@@ -52,6 +54,18 @@ def cli(*args: str, token: str, hub: Hub) -> subprocess.CompletedProcess:
     env = {**os.environ, "JUPYTERHUB_API_TOKEN": token, "JUPYTERHUB_URL": hub.url}
     return subprocess.run([sys.executable, "-m", "kubevirt_spawner.cli", *args], capture_output=True, text=True,
                           env=env, timeout=300)
+
+
+def ssh_config(hub: Hub, token: str, user: str, key: Path) -> Path:
+    """The Host block `kubevirt-spawner ssh-config` prints, and what a test adds: this key, no
+    known_hosts (each test's workstation has new host keys)."""
+    block = cli("ssh-config", token=token, hub=hub)
+    assert block.returncode == 0, block.stderr
+    assert token not in block.stdout and f"Host kubevirt.{user}" in block.stdout
+    config = key.parent / "ssh_config"
+    config.write_text(block.stdout + f"\nHost *\n  IdentityFile {key}\n  IdentitiesOnly yes\n  BatchMode yes\n"
+                      "  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n")
+    return config
 
 
 def ssh(config: Path, token: str, hub: Hub, *args: str, program: str = "ssh") -> subprocess.CompletedProcess:
@@ -88,14 +102,7 @@ def test_a_key_from_the_hub_opens_ssh_and_scp_until_it_is_deleted(hub: Hub, tmp_
     assert added.json()["fingerprint"] == fingerprint and added.json()["key"] == public
     assert keys_api(hub, token, "POST", json={"key": public}).status_code == 409
 
-    # the Host block ssh-config prints, and what the test adds: this key, no known_hosts
-    block = cli("ssh-config", token=token, hub=hub)
-    assert block.returncode == 0, block.stderr
-    assert token not in block.stdout and f"Host kubevirt.{USER}" in block.stdout
-    config = tmp_path / "ssh_config"
-    config.write_text(block.stdout + f"\nHost *\n  IdentityFile {tmp_path / 'id_ed25519'}\n  IdentitiesOnly yes\n"
-                      "  BatchMode yes\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n"
-                      "  LogLevel ERROR\n")
+    config = ssh_config(hub, token, USER, tmp_path / "id_ed25519")
 
     # the workstation is stopped: the connection starts it through the hub, then runs the command
     assert not (hub.server_model(USER) or {}).get("ready")
@@ -134,3 +141,29 @@ def test_a_key_from_the_hub_opens_ssh_and_scp_until_it_is_deleted(hub: Hub, tmp_
     assert gone.status_code == 200 and gone.json() == {"deleted": fingerprint}, gone.text
     again = ssh(config, token, hub, f"kubevirt.{USER}", "true")
     assert again.returncode == 255 and "Permission denied" in again.stderr, again.stderr
+
+
+def test_keys_are_managed_on_the_workstations_page(hub: Hub, tmp_path: Path):
+    """The page (the owner's own login, XSRF-protected forms) lists the user's keys, adds one
+    and deletes one; a bad key is the page's sentence and changes nothing; a form without the
+    page's XSRF token is refused."""
+    from test_service import form_token, login
+
+    token = token_of(hub, "paula")
+    public, fingerprint = keygen(tmp_path / "id_ed25519")
+    browser, page = login(hub, "paula")
+    assert 'id="ssh-keys"' in page.text and "No SSH keys yet." in page.text
+    added = browser.post(f"{hub.url}/services/workstations/", data={
+        "action": "add-ssh-key", "key": public, "_xsrf": form_token(page.text)}, timeout=30)
+    assert added.status_code == 200 and "SSH key added." in added.text and f'data-fingerprint="{fingerprint}"' in added.text
+    assert [k["fingerprint"] for k in keys_api(hub, token, "GET", "paula").json()["ssh_keys"]] == [fingerprint]
+    bad = browser.post(f"{hub.url}/services/workstations/", data={
+        "action": "add-ssh-key", "key": "ssh-rsa AAAA", "_xsrf": form_token(added.text)}, timeout=30)
+    assert bad.status_code == 400 and "The ssh-rsa key&#39;s data is cut short" in bad.text, bad.text
+    forged = browser.post(f"{hub.url}/services/workstations/", data={
+        "action": "delete-ssh-key", "fingerprint": fingerprint}, timeout=30)
+    assert forged.status_code == 403
+    assert len(keys_api(hub, token, "GET", "paula").json()["ssh_keys"]) == 1  # nothing changed
+    gone = browser.post(f"{hub.url}/services/workstations/", data={
+        "action": "delete-ssh-key", "fingerprint": fingerprint, "_xsrf": form_token(added.text)}, timeout=30)
+    assert gone.status_code == 200 and "SSH key deleted." in gone.text and "No SSH keys yet." in gone.text
