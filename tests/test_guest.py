@@ -295,7 +295,8 @@ def test_info_is_answered_locally(server, fake):
     r = server.request("GET", "workstation/api/info")
     assert r.status_code == 200
     assert r.json() == {"user": "alice", "server": "gpu", "configured": True,
-                        "service_page": "/services/workstations/workstation/alice/servers/gpu"}
+                        "service_page": "/services/workstations/workstation/alice/servers/gpu",
+                        "ssh_keys_page": "/services/workstations/#ssh-keys"}
     assert fake.calls == []
 
 
@@ -373,6 +374,7 @@ def test_with_subdomains_the_rescue_page_is_on_the_services_host(other_servers, 
     info = other_servers["subdomain"].request("GET", "workstation/api/info").json()
     assert info["service_page"] == \
         "https://workstations--service.jupyter.example.org/jhub/services/workstations/workstation/alice"
+    assert info["ssh_keys_page"] == "https://workstations--service.jupyter.example.org/jhub/services/workstations/#ssh-keys"
 
 
 def test_default_server(other_servers, fake):
@@ -381,7 +383,8 @@ def test_default_server(other_servers, fake):
     s = other_servers["default"]
     assert s.request("GET", "workstation/api/info").json() == {
         "user": "alice@example.org", "server": "", "configured": True,
-        "service_page": "/jhub/services/workstations/workstation/alice%40example.org"}
+        "service_page": "/jhub/services/workstations/workstation/alice%40example.org",
+        "ssh_keys_page": "/jhub/services/workstations/#ssh-keys"}
     assert s.request("GET", "workstation/api/status").status_code == 200
     assert s.request("DELETE", "workstation/api/snapshots/s1").status_code == 200
     workstation = SERVICE_PREFIX + "api/v1/workstations/alice%40example.org"

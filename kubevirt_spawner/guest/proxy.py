@@ -111,6 +111,13 @@ class WorkstationGuest(LoggingConfigurable):
             return url_path_join(self.service_page_url, "workstation", self.workstation())
         return url_path_join(self.hub_base_url, "services", SERVICE_NAME, "workstation", self.workstation())
 
+    @property
+    def ssh_keys_page(self) -> str:
+        """Where the user manages their SSH keys (the service's page of all their workstations):
+        the owner's own login there, since this server's token may not change them."""
+        base = self.service_page_url or url_path_join(self.hub_base_url, "services", SERVICE_NAME)
+        return base.rstrip("/") + "/#ssh-keys"
+
     def api_url(self, path: str) -> str:
         return self.service_url.rstrip("/") + "/api/v1/workstations/" + self.workstation() + path
 
@@ -178,7 +185,8 @@ class InfoHandler(GuestHandler):
     def get(self) -> None:
         guest = self.guest
         self.finish(json.dumps({"user": guest.user, "server": guest.server_name,
-                                "service_page": guest.service_page, "configured": guest.configured}))
+                                "service_page": guest.service_page, "ssh_keys_page": guest.ssh_keys_page,
+                                "configured": guest.configured}))
 
 
 class ProxyHandler(GuestHandler):

@@ -71,6 +71,8 @@ export interface IInfo {
   user: string;
   server: string;
   service_page: string;
+  /** The service's page where the user adds and deletes their SSH keys. */
+  ssh_keys_page: string;
   configured: boolean;
 }
 

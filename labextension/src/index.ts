@@ -27,7 +27,8 @@ const COMMANDS = {
   stop: 'workstation:stop',
   keep: 'workstation:keep-running',
   refresh: 'workstation:refresh',
-  page: 'workstation:open-service-page'
+  page: 'workstation:open-service-page',
+  sshKeys: 'workstation:ssh-keys'
 };
 
 /** Root disk use and, when idle stops are configured, the time left before one. */
@@ -102,6 +103,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
       label: 'Open the workstation page (rescue page)',
       isEnabled: () => !!model.info?.configured,
       execute: () => window.open(model.info?.service_page, '_blank')
+    });
+    commands.addCommand(COMMANDS.sshKeys, {
+      label: 'Manage your SSH keys (all your workstations)',
+      isEnabled: () => !!model.info?.configured,
+      execute: () => window.open(model.info?.ssh_keys_page, '_blank')
     });
     for (const command of Object.values(COMMANDS)) {
       palette.addItem({ command, category: CATEGORY });
