@@ -152,3 +152,18 @@ def test_a_cluster_refusal_no_step_explained_is_a_sentence_with_its_cause():
                             "API server). Try again in a minute; if it keeps failing, tell your administrator.")
     refused = cluster_refusal(k.KubeError(422, "Invalid", "spec.source: Required value"))
     assert refused.status == 422 and "(spec.source: Required value)" in refused.message
+
+
+def test_every_source_the_guest_reports_is_one_the_service_takes():
+    """The guest's open SSH tunnels (guest.activity.open_tunnels) are a source of their own: the
+    service refused the whole report while one was open, so a VS Code window's machine showed no
+    reason to be up."""
+    import time
+
+    from kubevirt_spawner.guest.activity import TUNNELS_KEY, open_tunnels
+    from kubevirt_spawner.service.core import check_activity_report
+    now = time.time()
+    report = open_tunnels({TUNNELS_KEY: {1: {"from": "10.0.0.5", "since": now - 60}}}, now)
+    assert report[0]["source"] == "ssh-tunnel"
+    check_activity_report(report, 60)
+

@@ -65,7 +65,7 @@ def _iso(moment: datetime) -> str:
 
 # What a guest may name as the reason it is busy (kubevirt_spawner.guest.activity's sources); a
 # keep-alive is the service's own, never the guest's word.
-ACTIVITY_SOURCES = ("jupyter", "ssh", "console", "gpu", "cpu", "kernel")
+ACTIVITY_SOURCES = ("jupyter", "ssh", "console", "gpu", "cpu", "kernel", "ssh-tunnel")
 # A guest's report older than this many of its own intervals is stale (the guest stopped reporting).
 REPORT_STALE_INTERVALS = 3
 
