@@ -167,3 +167,20 @@ def test_every_source_the_guest_reports_is_one_the_service_takes():
     assert report[0]["source"] == "ssh-tunnel"
     check_activity_report(report, 60)
 
+
+def test_the_capacity_view_lists_who_is_on_ssh_from_fresh_reports():
+    """Admins see which workstations have SSH sessions open (the guests' reports: tunnels through
+    the hub and terminal logins), not those whose guest stopped reporting."""
+    core = Workstations(hub=None)
+    now = datetime.now(timezone.utc)
+    tunnel = {"source": "ssh-tunnel", "text": "SSH through the hub from 10.0.0.5 since 09:10", "since": "x"}
+    core._activity = {
+        ("alice", ""): {"at": now, "every": 60, "sources": [tunnel, {"source": "gpu", "text": "GPU 0", "since": None}]},
+        ("bob", "gpu"): {"at": now, "every": 60, "sources": [{"source": "ssh", "text": "SSH session of bob",
+                                                               "since": None}]},
+        ("carl", ""): {"at": now - timedelta(minutes=10), "every": 60, "sources": [tunnel]},  # stale
+        ("dora", ""): {"at": now, "every": 60, "sources": [{"source": "jupyter", "text": "Jupyter", "since": None}]},
+    }
+    assert [(s["user"], s["server"], s["text"]) for s in core.ssh_sessions(now)] == [
+        ("alice", "", tunnel["text"]), ("bob", "gpu", "SSH session of bob")]
+

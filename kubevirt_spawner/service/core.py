@@ -282,15 +282,32 @@ class Workstations(LoggingConfigurable):
         """Why the running machine counts as busy (its guest's last report, unless stale, and a
         keep-alive), or since when it is idle (the hub's last activity) when nothing does."""
         now = now or _now()
-        reported = self._activity.get((user, server))
-        if reported and now - reported["at"] > timedelta(seconds=REPORT_STALE_INTERVALS * reported["every"]):
-            reported = None  # the guest stopped reporting: its last word no longer holds
+        reported = self._fresh_report(user, server, now)
         sources = list(reported["sources"]) if reported else []
         if keepalive and keepalive > now:
             sources.append({"source": "keepalive", "text": f"kept running until {_iso(keepalive)}",
                             "since": None})
         return {"reported": _iso(reported["at"]) if reported else None, "sources": sources,
                 "idle_since": None if sources else _iso_or_none(_parse_time(hub_server.get("last_activity")))}
+
+    def _fresh_report(self, user: str, server: str, now: datetime) -> dict | None:
+        """The guest's last activity report, unless it stopped reporting (its last word no longer holds)."""
+        reported = self._activity.get((user, server))
+        if reported and now - reported["at"] > timedelta(seconds=REPORT_STALE_INTERVALS * reported["every"]):
+            return None
+        return reported
+
+    def ssh_sessions(self, now: datetime | None = None) -> list[dict]:
+        """The workstations with someone on SSH, as their guests last reported: a tunnel through
+        the hub (a VS Code window, scp) or a login with a terminal."""
+        now = now or _now()
+        out = []
+        for user, server in sorted(self._activity):
+            reported = self._fresh_report(user, server, now)
+            for x in reported["sources"] if reported else []:
+                if x["source"] in ("ssh-tunnel", "ssh"):
+                    out.append({"user": user, "server": server, "text": x["text"], "since": x["since"]})
+        return out
 
     def _idle(self, server: dict | None, keepalive: datetime | None) -> dict | None:
         """When the idle culler would stop the running server: the timeout after its last activity,
@@ -678,6 +695,7 @@ class Workstations(LoggingConfigurable):
         return {"running": len(running), "cpu": cpu, "memory_bytes": int(memory), "gpus": gpus,
                 "disks": {"provisioned_bytes": int(provisioned), "used_bytes_last_known": int(used)},
                 "snapshots": len(caches.snapshots.values()),
+                "ssh_sessions": self.ssh_sessions(),
                 "stopped": sorted(stopped, key=lambda s: s["stopped_since"] or ""),
                 "retained": sorted(retained, key=lambda r: (r["retain_until"] or "", r["name"]))}
 
@@ -719,7 +737,12 @@ class Workstations(LoggingConfigurable):
     # ---------------------------------------------------------------- SSH keys
     async def _account_created(self, user: str) -> str:
         """The JupyterHub account's creation time: keys are that account's, not its name's."""
-        model = await self.hub.user(user)
+        try:
+            model = await self.hub.user(user)
+        except HubError as err:
+            raise ServiceError(502, f"The hub refused to say who {user} is: {err.message}") from None
+        except (aiohttp.ClientError, asyncio.TimeoutError) as err:
+            raise ServiceError(503, f"The hub does not answer ({type(err).__name__}); try again in a moment.") from None
         if model is None:
             raise ServiceError(404, f"JupyterHub has no user {user}.")
         return str(model.get("created") or "")

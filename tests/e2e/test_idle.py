@@ -208,3 +208,34 @@ def test_the_lab_warns_before_an_idle_stop_and_keep_running_keeps_the_machine(hu
         finally:
             browser.close()
     hub.stop_server(user)
+
+
+def test_an_open_ssh_tunnel_keeps_the_machine_until_it_closes(hub: Hub):
+    """A VS Code Remote window is a tunnel that sends nothing for minutes and has no terminal: the
+    guest counts the open tunnel itself (guest/sshd.py keeps it, guest/activity.py reports it), so
+    the machine outlives two timeouts, its status and the admins' capacity view name it; closed,
+    the culler stops the machine after the timeout."""
+    import os
+    import subprocess
+    import sys
+
+    user = "tess"
+    hub.ensure_user(user)
+    token = hub.api("POST", f"/users/{user}/tokens", json={"note": "tunnel"}).json()["token"]
+    hub.start_server(user, timeout=180)
+    env = {**os.environ, "JUPYTERHUB_API_TOKEN": token, "JUPYTERHUB_URL": hub.url}
+    tunnel = subprocess.Popen([sys.executable, "-m", "kubevirt_spawner.cli", "tunnel", user, "--no-start"], env=env,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: any(s["source"] == "ssh-tunnel" for s in (status(hub, user)["activity"] or {})
+                             .get("sources", [])), 30, what="the open tunnel in tess's status")
+        sessions = capacity(hub)["ssh_sessions"]
+        assert [(s["user"], s["text"].startswith("SSH through the hub from 127.0.0.1 since ")) for s in sessions
+                if s["user"] == user] == [(user, True)], sessions
+        # (within sshd's LoginGraceTime, 120 s, which ends a connection that never logs in)
+        time.sleep(2 * TIMEOUT)
+        assert (hub.server_model(user) or {}).get("ready"), "the culler stopped a machine with an open tunnel"
+    finally:
+        tunnel.kill()
+        tunnel.wait()
+    wait_for(lambda: hub.server_model(user) is None, 4 * TIMEOUT, what="the culler to stop tess's machine")
