@@ -9,6 +9,7 @@ import base64
 import struct
 import subprocess
 
+import aiohttp
 import pytest
 from traitlets.config import Config
 
@@ -108,11 +109,15 @@ def test_the_store_keeps_an_accounts_keys_and_not_an_earlier_accounts(tmp_path, 
 
 
 class FakeHub:
+    down = False
+
     def __init__(self):
         self.users = {"alice": {"name": "alice", "created": "2026-01-01T00:00:00Z"},
                       "bob": {"name": "bob", "created": "2026-01-02T00:00:00Z"}}
 
     async def user(self, name):
+        if self.down:
+            raise aiohttp.ClientConnectionError("Cannot connect to host hub:8081")
         return self.users.get(name)
 
 
@@ -181,3 +186,11 @@ def test_the_keys_database_is_the_hubs_by_default():
     c.JupyterHub.db_url = "postgresql://hub@db/jupyterhub"
     assert Workstations(hub=None, config=c).ssh_keys_db_url == "postgresql://hub@db/jupyterhub"
     assert Workstations(hub=None).ssh_keys_db_url == "sqlite:///jupyterhub.sqlite"
+
+
+async def test_a_hub_that_does_not_answer_is_a_sentence(core):
+    core.hub.down = True
+    with pytest.raises(ServiceError, match="The hub does not answer") as refused:
+        await core.ssh_keys(ALICE, "alice")
+    assert refused.value.status == 503
+

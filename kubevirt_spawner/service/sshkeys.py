@@ -17,6 +17,7 @@ import binascii
 import hashlib
 import re
 import struct
+import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -160,12 +161,15 @@ class KeyStore:
     def __init__(self, url: str):
         self.url = url
         self._engine: sa.Engine | None = None
+        self._making = threading.Lock()  # (two first calls in two threads make one engine and table)
 
     @property
     def engine(self) -> sa.Engine:
-        if self._engine is None:  # (made on first use: a hub that keeps no keys gets no table)
-            self._engine = sa.create_engine(self.url, future=True)
-            METADATA.create_all(self._engine)
+        with self._making:
+            if self._engine is None:  # (made on first use: a hub that keeps no keys gets no table)
+                engine = sa.create_engine(self.url, future=True)
+                METADATA.create_all(engine)
+                self._engine = engine
         return self._engine
 
     def keys(self, user: str, account_created: str) -> list[dict]:

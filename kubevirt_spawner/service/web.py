@@ -296,10 +296,14 @@ class Page(Base):
         try:
             if user is None:
                 items = await self.core.list_workstations(caller)
-                keys = (await self.core.ssh_keys(caller, caller.name))["ssh_keys"] if not caller.name.startswith(
-                    "service:") else []
+                keys, keys_error = [], ""
+                if not caller.name.startswith("service:"):
+                    try:  # (the rescue page works without them: the hub's API may be what is down)
+                        keys = (await self.core.ssh_keys(caller, caller.name))["ssh_keys"]
+                    except ServiceError as err:
+                        keys_error = f"Your SSH keys cannot be read now: {err.message}"
                 return self.render_page("index.html", caller=caller, workstations=items, ssh_keys=keys,
-                                        message=DONE.get(self.get_argument("done", ""), ""))
+                                        keys_error=keys_error, message=DONE.get(self.get_argument("done", ""), ""))
             ws = await self.core.existing(caller, user, server or "")
             view = await self.core.describe(ws)
             follow = self.get_argument("follow", "")
