@@ -349,7 +349,7 @@ BAD_INPUT = [
      "The workstation is not running; start it first."),
     ("owner", "POST", "/workstations/dave/activity", {"sources": [{"source": "keepalive", "text": "forever"}],
                                                        "every": 60}, 400,
-     '"sources" is a list of at most 20 {"source": one of jupyter, ssh, console, gpu, cpu, kernel, "text": "...", '
+     '"sources" is a list of at most 20 {"source": one of jupyter, ssh, console, gpu, cpu, kernel, ssh-tunnel, "text": "...", '
      '"since": time or null}.'),
     ("owner", "POST", "/workstations/dave/activity", {"sources": [], "every": 0}, 400,
      '"every" is the number of seconds until the next report, 1 to 3600.'),
@@ -360,11 +360,11 @@ BAD_INPUT = [
     ("owner", "POST", "/workstations/dave/activity", {"sources": [{"source": "ssh", "text": "login",
                                                                    "since": "2026-12-01T10:00:00+00:00" + "0" * 40}],
                                                        "every": 60}, 400,
-     '"sources" is a list of at most 20 {"source": one of jupyter, ssh, console, gpu, cpu, kernel, "text": "...", '
+     '"sources" is a list of at most 20 {"source": one of jupyter, ssh, console, gpu, cpu, kernel, ssh-tunnel, "text": "...", '
      '"since": time or null}.'),
     ("owner", "POST", "/workstations/dave/activity", {"sources": [{"source": "ssh", "text": "login",
                                                                    "since": "yesterday"}], "every": 60}, 400,
-     '"sources" is a list of at most 20 {"source": one of jupyter, ssh, console, gpu, cpu, kernel, "text": "...", '
+     '"sources" is a list of at most 20 {"source": one of jupyter, ssh, console, gpu, cpu, kernel, ssh-tunnel, "text": "...", '
      '"since": time or null}.'),
     ("owner", "POST", "/workstations/dave/restore", {"snapshot": "s" * 5000, "confirm": True}, 400,
      'Name the snapshot to restore ("snapshot", at most 40 characters).'),
