@@ -174,4 +174,4 @@ class KeysService(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def log_message(self, *args):
-        pass
+        """Quiet: a test's output is its own, not the stand-in's access log."""

@@ -80,8 +80,8 @@ async def test_keys_from_the_workstations_service_log_in_until_they_are_deleted(
         own = asyncssh.generate_private_key("ssh-ed25519")
         (root / "home" / "alice" / ".ssh").mkdir()
         (root / "home" / "alice" / ".ssh" / "authorized_keys").write_bytes(own.export_public_key())
-        async with asyncssh.connect("127.0.0.1", port, username="alice", client_keys=[own], known_hosts=None):
-            pass
+        async with asyncssh.connect("127.0.0.1", port, username="alice", client_keys=[own], known_hosts=None) as conn:
+            assert (await conn.run("echo own")).stdout == "own\n"
         # SSH turned off by the hub: the next start leaves no access, and the service is not asked
         sshd.write_keys_access(str(root), {**env, "KUBEVIRT_SSH_ENABLED": "0"}, "alice")
         KeysService.answers = {"/services/workstations/api/v1/users/Alice%20Smith/ssh-keys":

@@ -16,6 +16,7 @@ says why on stderr (sshd logs it) and exits 1: sshd then lets nobody in by a key
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -95,10 +96,8 @@ def fetch(url: str, token: str, timeout: float) -> bytes:
             return response.read(1024 * 1024)
     except urllib.error.HTTPError as err:
         said = ""
-        try:
+        with contextlib.suppress(ValueError, AttributeError):  # (a body that is no JSON object says nothing)
             said = json.loads(err.read(4096)).get("error", "")
-        except (ValueError, AttributeError):
-            pass
         raise KeysError(f"the workstations service answered {err.code}" + (f": {said}" if said else "")) from None
     except (urllib.error.URLError, OSError) as err:
         reason = getattr(err, "reason", None) or err
