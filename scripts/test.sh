@@ -12,13 +12,14 @@ fi
 # and mtools (the EFI partition) for the golden image; QEMU and OVMF (UEFI firmware; SeaBIOS comes
 # with QEMU) to boot it; dnsmasq and iproute2 for a guest on a dual-stack pod network (the DHCP
 # servers of virt-launcher's masquerade binding, a network namespace); shellcheck for the deploy
-# scripts.
+# scripts; g++, make and the Kerberos headers for code-server's native modules in the golden image.
 needed=()
 for pair in /usr/bin/chromium:chromium /usr/bin/xorrisofs:xorriso /usr/bin/mmdebstrap:mmdebstrap \
             /usr/sbin/sfdisk:fdisk /usr/sbin/mkfs.fat:dosfstools /usr/bin/mcopy:mtools \
             /usr/bin/qemu-system-x86_64:qemu-system-x86 /usr/bin/qemu-img:qemu-utils \
             /usr/share/OVMF/OVMF_CODE_4M.fd:ovmf /usr/sbin/dnsmasq:dnsmasq-base /usr/sbin/ip:iproute2 \
-            /usr/bin/shellcheck:shellcheck; do
+            /usr/bin/shellcheck:shellcheck /usr/bin/g++:g++ /usr/bin/make:make \
+            /usr/include/gssapi/gssapi.h:libkrb5-dev; do
   [ -e "${pair%%:*}" ] || needed+=("${pair#*:}")
 done
 if [ ${#needed[@]} -gt 0 ]; then
@@ -38,5 +39,7 @@ python3 -m mypy
 echo "== import contracts (production never imports the simulator)"
 lint-imports --no-cache
 echo "== pytest"
-# the slowest tests are listed at the end, so what makes CI long shows in its log
-python3 -m pytest -q --durations=25 "$@"
+# One pytest-xdist worker per CPU (at most four): the QEMU guests run on one of them while the others
+# take the rest (tests/conftest.py groups them). The slowest tests are listed at the end, so what
+# makes CI long shows in its log.
+python3 -m pytest -q -n auto --maxprocesses 4 --dist loadgroup --durations=25 "$@"

@@ -18,6 +18,34 @@ from simtools import KeysService, api_client, start_sim
 CHECKOUT = Path(__file__).resolve().parents[1]
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (its --dist loadgroup)
+def pytest_collection_modifyitems(config, items):
+    """How scripts/test.sh spreads the suite over pytest-xdist's workers: each test file is one unit
+    (its module-scoped simulator and hub are made once), and the tests marked `guests` (QEMU guests
+    and golden image builds, which share the session's image builds) are one unit run first, on one
+    worker, while the other workers take the rest."""
+    items.sort(key=lambda item: item.get_closest_marker("guests") is None)  # stable: order kept
+    for item in items:
+        group = "guests" if item.get_closest_marker("guests") else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+# Lines a test wants in the run's summary (`record_property("summary", line)`): a test's own print
+# is lost under pytest-xdist, but its report's properties reach the controller's hooks.
+SUMMARY_PROPERTY = "summary"
+_summary_lines: list[str] = []
+
+
+def pytest_runtest_logreport(report):
+    _summary_lines.extend(value for name, value in report.user_properties
+                          if name == SUMMARY_PROPERTY and value not in _summary_lines)
+
+
+def pytest_terminal_summary(terminalreporter):
+    for line in _summary_lines:
+        terminalreporter.write_line(line)
+
+
 def absent_outside_data(reason: str):
     """Data that stays outside the project (../shared) is missing: the test that needs it is
     skipped with the reason, except in CI, where that is a failure."""

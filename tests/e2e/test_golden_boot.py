@@ -22,6 +22,8 @@ import pytest
 
 from kubevirt_spawner.sim import qemu
 
+pytestmark = pytest.mark.guests  # one after another on one xdist worker (tests/conftest.py)
+
 KERNEL_BANNER = "Linux version"
 BOOT_TIMEOUT = 240  # firmware, GRUB and the kernel's first line under TCG on a busy 2-CPU machine
 

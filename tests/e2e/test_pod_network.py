@@ -32,6 +32,8 @@ from guests import BOOT_TIMEOUT
 
 from kubevirt_spawner.sim import qemu
 
+pytestmark = pytest.mark.guests  # one after another on one xdist worker (tests/conftest.py)
+
 GATEWAY4, GUEST4 = "10.0.2.1", "10.0.2.2"
 GATEWAY6, GUEST6 = "fd10:0:2::1", "fd10:0:2::2"
 HUB4, HUB6 = "10.9.0.7", "fd10:9::7"  # another pod's addresses: off the VM's network

@@ -20,6 +20,8 @@ import pytest
 from conftest import Cluster, Hub, build_golden_image, hub_with_service
 from guests import BOOT_TIMEOUT, GRACE, QEMU_CONFIG, holds, hub_token, qemu_simulator, run_as, volume_images
 
+pytestmark = pytest.mark.guests  # one after another on one xdist worker (tests/conftest.py)
+
 USER = "tess"
 
 
