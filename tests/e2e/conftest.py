@@ -4,6 +4,8 @@ REST API and the proxy."""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -17,7 +19,6 @@ import pytest
 import requests
 from kubernetes import client
 from tornado.httpclient import HTTPRequest
-from tornado.ioloop import IOLoop
 from tornado.websocket import websocket_connect
 
 from kubevirt_spawner import demo
@@ -136,8 +137,14 @@ class Hub:
                                                                                               else "busy"):
                     break
             ws.close()
+        async def bounded():
+            await asyncio.wait_for(execute(), timeout)
+
         try:
-            IOLoop.current().run_sync(execute, timeout=timeout)
+            # On a thread of its own, with its own loop: a test that drives Chromium holds Playwright's
+            # sync API, whose loop is already running on this thread.
+            with concurrent.futures.ThreadPoolExecutor(1) as own:
+                own.submit(asyncio.run, bounded()).result()
         finally:
             if wait:
                 self.http.delete(f"{base}/api/kernels/{kid}", timeout=60)
