@@ -66,6 +66,16 @@ def test_a_gpu_image_adds_debians_nvidia_driver_from_non_free():
     assert "nvidia-cuda-toolkit" in plan("--gpu", "nvidia", "--cuda-toolkit")["packages"]
 
 
+def test_vs_code_is_in_every_image_unless_left_out():
+    """code-server (code-server.sh) with the Node.js major its package asks for (code-server 4.100's
+    package.json: engines.node 20), and the suite's ripgrep, which VS Code's search runs."""
+    for suite in ("bookworm", "trixie", "noble"):
+        p = plan("--suite", suite)
+        assert p["code_server"]["version"] == "4.100.3" and p["code_server"]["node"].startswith("20.")
+        assert "ripgrep" in p["packages"]
+    assert plan("--no-code-server")["code_server"] is None
+
+
 @pytest.mark.parametrize("args,message", [
     (("--suite", "jammy"), "unknown suite jammy"),
     (("--firmware", "uefi"), "--firmware is bios, efi or bios,efi"),

@@ -128,6 +128,8 @@ class Server:
                f"--IdentityProvider.token={BROWSER_TOKEN}", "--ServerApp.open_browser=False",
                f"--ServerApp.root_dir={tmp}", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}",
                "--ServerApp.port_retries=0", f"--ServerApp.base_url={base_url}", *args]
+        if not any(arg.startswith("--WorkstationGuest.code_server=") for arg in args):
+            cmd.append("--WorkstationGuest.code_server=")  # no VS Code, whatever this machine's PATH has
         if os.geteuid() == 0:
             cmd.append("--allow-root")
         with open(self.log_path, "wb") as log:
@@ -296,7 +298,7 @@ def test_info_is_answered_locally(server, fake):
     assert r.status_code == 200
     assert r.json() == {"user": "alice", "server": "gpu", "configured": True,
                         "service_page": "/services/workstations/workstation/alice/servers/gpu",
-                        "ssh_keys_page": "/services/workstations/#ssh-keys"}
+                        "ssh_keys_page": "/services/workstations/#ssh-keys", "vscode_url": ""}
     assert fake.calls == []
 
 
@@ -384,7 +386,7 @@ def test_default_server(other_servers, fake):
     assert s.request("GET", "workstation/api/info").json() == {
         "user": "alice@example.org", "server": "", "configured": True,
         "service_page": "/jhub/services/workstations/workstation/alice%40example.org",
-        "ssh_keys_page": "/jhub/services/workstations/#ssh-keys"}
+        "ssh_keys_page": "/jhub/services/workstations/#ssh-keys", "vscode_url": ""}
     assert s.request("GET", "workstation/api/status").status_code == 200
     assert s.request("DELETE", "workstation/api/snapshots/s1").status_code == 200
     workstation = SERVICE_PREFIX + "api/v1/workstations/alice%40example.org"
@@ -572,3 +574,97 @@ async def test_a_tunnel_to_an_sshd_that_does_not_listen_is_closed_with_a_sentenc
 def test_where_a_tunnel_comes_from_is_an_address_or_nothing(forwarded, peer, shown):
     from kubevirt_spawner.guest.sshd import client_address
     assert client_address(forwarded, peer) == shown
+
+
+# ------------------------------------------------------------------------------------ VS Code
+# In place of code-server (the golden image's; tests/e2e/test_qemu.py runs the real one): an HTTP
+# server on the unix socket it is given, as code-server serves `--socket PATH`, that says how it
+# was started and echoes on a websocket (VS Code's connection to its server is one).
+STAND_IN_CODE_SERVER = """#!{python}
+import json, os, sys
+from aiohttp import web
+
+args = sys.argv[1:]
+socket_path = args[args.index("--socket") + 1]
+
+async def page(request):
+    if request.headers.get("Upgrade", "").lower() == "websocket":
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        async for message in ws:
+            await ws.send_str("echo " + message.data)
+        return ws
+    return web.json_response({{"path": request.path_qs, "argv": args, "pid": os.getpid(),
+                               "socket_mode": oct(os.stat(os.path.dirname(socket_path)).st_mode & 0o777)}})
+
+app = web.Application()
+app.router.add_route("*", "/{{tail:.*}}", page)
+web.run_app(app, path=socket_path, print=None)
+"""
+
+
+@pytest.fixture(scope="module")
+def vscode_server(tmp_path_factory, fake_service):
+    tmp = tmp_path_factory.mktemp("guest-vscode")
+    stand_in = tmp / "code-server"
+    stand_in.write_text(STAND_IN_CODE_SERVER.format(python=sys.executable))
+    stand_in.chmod(0o755)
+    s = Server(tmp, hub_env(fake_service.url), (f"--WorkstationGuest.code_server={stand_in}",), base_url=BASE_URL)
+    yield s
+    s.stop()
+
+
+def test_vscode_is_code_server_started_once_on_a_private_socket(vscode_server):
+    """`vscode/` is jupyter-server-proxy's supervised process (jupyter_server_proxy/handlers.py,
+    SuperviseAndProxyHandler; config.py, ServerProcess with unix_socket): code-server starts at
+    the first request, on a unix socket in a directory only this server's user opens, without
+    its own password, in the server's root directory, and later requests reach the same one."""
+    info = vscode_server.request("GET", "workstation/api/info").json()
+    assert info["vscode_url"] == BASE_URL + "vscode/"
+    first = vscode_server.request("GET", "vscode/?folder=/home/alice")
+    assert first.status_code == 200, first.text
+    seen = first.json()
+    assert seen["path"] == "/?folder=/home/alice"
+    argv = seen["argv"]
+    assert argv[argv.index("--auth") + 1] == "none" and "--disable-telemetry" in argv
+    assert argv[-1] == str(vscode_server.log_path.parent)  # the server's root directory
+    assert seen["socket_mode"] == "0o700"
+    again = vscode_server.request("GET", "vscode/static/out/workbench.js").json()
+    assert again["pid"] == seen["pid"] and again["path"] == "/static/out/workbench.js"
+    assert "VS Code: /user/alice/gpu/vscode/ runs " in vscode_server.log()
+
+
+async def test_vscodes_websocket_reaches_code_server(vscode_server):
+    import aiohttp
+    url = vscode_server.base.replace("http://", "ws://") + "vscode/stable-1/?reconnectionToken=x"
+    async with aiohttp.ClientSession() as session:
+        async with session.ws_connect(url, headers={"Authorization": f"token {BROWSER_TOKEN}"}) as ws:
+            await ws.send_str("hello")
+            assert await ws.receive_str(timeout=30) == "echo hello"
+
+
+@pytest.mark.parametrize("upgrade", [False, True])
+def test_vscode_without_the_servers_authentication_starts_nothing(tmp_path, fake_service, upgrade):
+    """No token: a page request goes to the login page, a websocket is 403, and code-server is
+    never started (the stand-in here records each start)."""
+    record = tmp_path / "started"
+    stand_in = tmp_path / "code-server"
+    stand_in.write_text(f"#!/bin/sh\necho started >> {record}\n")
+    stand_in.chmod(0o755)
+    s = Server(tmp_path, hub_env(fake_service.url), (f"--WorkstationGuest.code_server={stand_in}",), base_url=BASE_URL)
+    try:
+        headers = {"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
+                   "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="} if upgrade else {}
+        r = s.request("GET", "vscode/", token=None, headers=headers, allow_redirects=False)
+        assert r.status_code == (403 if upgrade else 302), r.text
+        if not upgrade:
+            assert "/login" in r.headers["Location"]
+        assert not record.exists()
+    finally:
+        s.stop()
+
+
+def test_without_code_server_there_is_no_vscode(server):
+    assert server.request("GET", "workstation/api/info").json()["vscode_url"] == ""
+    assert server.request("GET", "vscode/").status_code == 404
+    assert "VS Code: not offered" in server.log()

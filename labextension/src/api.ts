@@ -74,6 +74,8 @@ export interface IInfo {
   /** The service's page where the user adds and deletes their SSH keys. */
   ssh_keys_page: string;
   configured: boolean;
+  /** Where VS Code in the browser is on this server (`<base_url>vscode/`), or "" when it has none. */
+  vscode_url: string;
 }
 
 /** A failure, with the sentence to show the user. */

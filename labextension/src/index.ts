@@ -1,6 +1,7 @@
 // kubevirt-spawner's JupyterLab extension: the Workstation panel, its status bar item and commands.
 import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { ICommandPalette } from '@jupyterlab/apputils';
+import { ILauncher } from '@jupyterlab/launcher';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
@@ -17,6 +18,16 @@ const ICON = new LabIcon({
     '</g></svg>'
 });
 
+// VS Code's tile: a plain editor glyph (the product's own logo is Microsoft's mark)
+const VSCODE_ICON = new LabIcon({
+  name: 'kubevirt-spawner:vscode',
+  svgstr:
+    '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 24 24"><g class="jp-icon-brand0" fill="#0065A9">' +
+    '<path d="M3 3h18a1 1 0 0 1 1 1v16a1 1 0 0 1-1 1H3a1 1 0 0 1-1-1V4a1 1 0 0 1 1-1zm1 4v12h16V7z"/>' +
+    '<path d="M9.3 9.3 5.6 13l3.7 3.7 1.4-1.4L8.4 13l2.3-2.3zm5.4 0-1.4 1.4 2.3 2.3-2.3 2.3 1.4 1.4 3.7-3.7z"/>' +
+    '</g></svg>'
+});
+
 const CATEGORY = 'Workstation';
 const COMMANDS = {
   open: 'workstation:open',
@@ -28,7 +39,8 @@ const COMMANDS = {
   keep: 'workstation:keep-running',
   refresh: 'workstation:refresh',
   page: 'workstation:open-service-page',
-  sshKeys: 'workstation:ssh-keys'
+  sshKeys: 'workstation:ssh-keys',
+  vscode: 'workstation:vscode'
 };
 
 /** Root disk use and, when idle stops are configured, the time left before one. */
@@ -64,8 +76,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
   description: 'The Workstation panel: snapshots, restore, reset, stop, disk and idle status.',
   autoStart: true,
   requires: [ICommandPalette],
-  optional: [IStatusBar],
-  activate: (app: JupyterFrontEnd, palette: ICommandPalette, statusBar: IStatusBar | null) => {
+  optional: [IStatusBar, ILauncher],
+  activate: (
+    app: JupyterFrontEnd,
+    palette: ICommandPalette,
+    statusBar: IStatusBar | null,
+    launcher: ILauncher | null
+  ) => {
     const model = new WorkstationModel();
     new actions.IdleWarning(model);
     const panel = new WorkstationPanel(model);
@@ -109,8 +126,27 @@ const plugin: JupyterFrontEndPlugin<void> = {
       isEnabled: () => !!model.info?.configured,
       execute: () => window.open(model.info?.ssh_keys_page, '_blank')
     });
+    // VS Code in the browser, where this server offers it (the guest's `vscode/`): a new tab
+    commands.addCommand(COMMANDS.vscode, {
+      label: 'VS Code',
+      caption: 'Open VS Code in the browser on this workstation (a new tab)',
+      icon: VSCODE_ICON,
+      isEnabled: () => !!model.info?.vscode_url,
+      execute: () => window.open(model.info?.vscode_url, '_blank')
+    });
     for (const command of Object.values(COMMANDS)) {
       palette.addItem({ command, category: CATEGORY });
+    }
+    if (launcher) {
+      // the tile appears once the server has said it offers VS Code
+      const addTile = () => {
+        if (model.info?.vscode_url) {
+          launcher.add({ command: COMMANDS.vscode, category: 'Notebook', rank: 50 });
+          model.changed.disconnect(addTile);
+        }
+      };
+      model.changed.connect(addTile);
+      addTile();
     }
 
     if (statusBar) {

@@ -10,6 +10,7 @@ restore) and the tests run in order on one machine.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import time
@@ -22,7 +23,11 @@ from conftest import GOLDEN_BUILD, SERVICE_API, Cluster, Hub, hub_with_service
 from guests import BOOT_TIMEOUT, GRACE, QEMU_CONFIG, holds, hub_token, qemu_simulator, run_as, volume_images
 from test_ssh import cli, keygen, keys_api, ssh, ssh_config, token_of
 
+from kubevirt_spawner.demo import DEMO_PASSWORD
+
 from simtools import wait_for
+
+pytestmark = pytest.mark.guests  # one after another on one xdist worker (tests/conftest.py)
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = GOLDEN_BUILD
@@ -102,6 +107,10 @@ def test_the_golden_image_is_built_once_and_sealed(golden_image: Path):
     assert "%sudo ALL=(ALL:ALL) NOPASSWD: ALL" in (golden_file(golden_image, "/etc/sudoers.d/kubevirt-workstation") or "")
     unit = golden_file(golden_image, "/etc/systemd/system/kubevirt-workstation.service") or ""
     assert "Restart=always" in unit and "kubevirt-workstation" in unit
+    # VS Code in the browser: code-server with its own Node.js (code-server.sh)
+    assert meta["code_server"] == json.loads(subprocess.run(["bash", str(BUILD), "--plan"], capture_output=True,
+                                                            text=True, check=True).stdout)["code_server"]
+    assert "/opt/code-server/bin/node" in (golden_file(golden_image, "/usr/local/bin/code-server") or "")
 
 
 def test_alice_has_a_real_machine_that_keeps_what_she_installs(hub: Hub, cluster: Cluster, golden_image: Path,
@@ -212,6 +221,63 @@ def test_ssh_through_the_hub_with_a_key_from_the_service(hub: Hub, cluster: Clus
     assert keys_api(hub, token, "DELETE", USER, rest="/" + quote(fingerprint, safe="")).status_code == 200
     again = ssh(config, token, hub, f"kubevirt.{USER}", "true")
     assert again.returncode == 255 and "Permission denied" in again.stderr, again.stderr
+
+
+def test_vs_code_in_the_browser_is_the_images_code_server_for_its_owner_only(hub: Hub, browser):
+    """The golden image's code-server (deploy/golden-image/code-server.sh) behind alice's server's
+    `vscode/` (jupyter-server-proxy's supervised process, jupyter_server_proxy/handlers.py): her
+    token gets VS Code's workbench, the admin (who may open her server) gets a sentence and no
+    VS Code, and in a browser her Lab's launcher has the VS Code tile, which opens a workbench
+    whose terminal runs a shell in her machine (code-server's websocket and node-pty, through the
+    hub's proxy). Screenshots go to test-artifacts/qemu/."""
+    if not (hub.server_model(USER) or {}).get("ready"):  # (run alone: the machine boots here)
+        hub.start_server(USER, timeout=BOOT_TIMEOUT)
+    base = f"{hub.url}/user/{USER}"
+    own = requests.Session()
+    own.headers["Authorization"] = f"token {token_of(hub, USER)}"
+    began = time.monotonic()
+    page = own.get(f"{base}/vscode/", timeout=BOOT_TIMEOUT)  # (code-server starts here)
+    first = time.monotonic() - began
+    assert page.status_code == 200 and "vscode-workbench-web-configuration" in page.text, page.text[:500]
+    assert own.get(f"{base}/workstation/api/info", timeout=30).json()["vscode_url"] == f"/user/{USER}/vscode/"
+    other = hub.http.get(f"{base}/vscode/", timeout=60)
+    assert other.status_code == 403 and f"Only {USER} can use this workstation" in other.text
+
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    artifacts = REPO / "test-artifacts" / "qemu"
+    artifacts.mkdir(parents=True, exist_ok=True)
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    context.set_default_timeout(BOOT_TIMEOUT * 1000)
+    try:
+        lab = context.new_page()
+        lab.goto(f"{hub.url}/hub/login")
+        lab.fill("#username_input", USER)
+        lab.fill("#password_input", DEMO_PASSWORD)
+        lab.click("#login_submit")
+        lab.goto(f"{base}/lab")
+        tile = lab.locator(".jp-LauncherCard", has_text="VS Code")
+        tile.wait_for()
+        lab.screenshot(path=str(artifacts / "vscode-launcher.png"))
+        with lab.expect_popup() as popup:
+            tile.click()
+        code = popup.value
+        # her home's files listed: the workbench talks to code-server over its websocket
+        code.locator(".explorer-folders-view .monaco-list-row").first.wait_for()
+        trust = code.locator(".monaco-dialog-box .monaco-button", has_text="Yes, I trust the authors")
+        with contextlib.suppress(PlaywrightTimeout):  # (VS Code asks once per folder)
+            trust.wait_for(timeout=20_000)
+            trust.click()
+        code.keyboard.press("Control+Backquote")  # View: Toggle Terminal
+        code.locator(".xterm").first.wait_for()
+        code.locator(".xterm").first.click()
+        code.keyboard.type("hostname > /tmp/from-vscode\n")
+        wait_for(lambda: sh(hub, "cat /tmp/from-vscode 2>/dev/null || true") == f"{VM}\n", 120, interval=2,
+                 what="the command typed in VS Code's terminal")
+        code.screenshot(path=str(artifacts / "vscode.png"))
+    finally:
+        context.close()
+    print(f"\ncode-server's first page {first:.0f} s")
 
 
 def test_an_online_snapshot_is_application_consistent_and_restores(hub: Hub, cluster: Cluster):
