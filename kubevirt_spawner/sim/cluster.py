@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
+import fcntl
 import ipaddress
 import json
 import logging
@@ -12,6 +13,7 @@ import os
 import random
 import resource
 import socket
+import tempfile
 import time
 
 from ..objects import field_value
@@ -56,20 +58,48 @@ DEFAULT_TIMING = {
 }
 
 
-def _networks(state_dir: str) -> tuple[ipaddress.IPv4Network, ipaddress.IPv4Network]:
-    """The loopback ranges of this cluster's VMIs and Services. Each state directory draws its own
-    pair once (kept in network.json), so several simulators on one machine never share an address."""
+def _networks(state_dir: str):
+    """The loopback ranges of this cluster's VMIs and Services, and the lock that holds them. Each
+    state directory draws its pair once (kept in network.json), among the pairs no other simulator
+    on this machine holds now (a lock file per pair, held while this one runs): two simulators that
+    drew the same pair at random (pytest-xdist's workers run several at once) took each other's
+    Service addresses."""
     path = os.path.join(state_dir, "network.json")
+    locks = os.path.join(tempfile.gettempdir(), "kubevirt-spawner-sim-networks")
+    os.makedirs(locks, exist_ok=True)
     try:
         with open(path) as f:
             octets = json.load(f)
-    except (OSError, ValueError):
-        pick = random.SystemRandom().randrange(10, 120)
+        lock = _hold(locks, octets["vmi"])
+        if lock is None:
+            log.warning("another simulator on this machine holds the addresses 127.%s.0.0/16 this state "
+                        "directory uses: their Services may collide", octets["vmi"])
+    except (OSError, ValueError, KeyError):
+        picks = list(range(10, 120))
+        random.SystemRandom().shuffle(picks)
+        lock = None
+        for pick in picks:
+            lock = _hold(locks, pick)
+            if lock is not None:
+                break
+        else:
+            raise RuntimeError("every simulator address range of this machine is in use") from None
         octets = {"vmi": pick, "service": pick + 120}
         with open(path, "w") as f:
             json.dump(octets, f)
     return (ipaddress.ip_network(f"127.{octets['vmi']}.0.0/16"),
-            ipaddress.ip_network(f"127.{octets['service']}.0.0/16"))
+            ipaddress.ip_network(f"127.{octets['service']}.0.0/16"), lock)
+
+
+def _hold(locks: str, pick: int):
+    """The open lock file of the address pair `pick`, or None when another process holds it."""
+    f = open(os.path.join(locks, f"{pick}.lock"), "a")  # (held open while the cluster runs)
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        return None
+    return f
 
 
 def _free(ip: str, port: int) -> bool:
@@ -119,7 +149,7 @@ class Cluster:
         self._ips: dict[str, dict[str, str]] = {"vmi": {}, "svc": {}}
         self._tasks: list[asyncio.Task] = []
         self._due: dict[tuple, float] = {}
-        self.vmi_network, self.service_network = _networks(self.state_dir)
+        self.vmi_network, self.service_network, self._network_lock = _networks(self.state_dir)
 
     def t(self, name: str) -> float:
         return self.timing[name] / self.speed
@@ -206,6 +236,9 @@ class Cluster:
         await asyncio.gather(*(g.stop(2.0) for g in guests), return_exceptions=True)
         self.store.cut_watches()
         self.store.flush()
+        if self._network_lock is not None:  # (the addresses are another simulator's to draw again)
+            self._network_lock.close()
+            self._network_lock = None
 
     def _on_change(self, kind, rt, obj, old):
         key = _key(obj)

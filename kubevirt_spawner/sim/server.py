@@ -188,7 +188,8 @@ class ApiHandler(tornado.web.RequestHandler):
             return self._token_request(rt, namespace, name)
         verb = self._verb(method, name)
         self._authorize(rbac.Request(verb, group, rt.plural, sub or "", namespace, name or ""))
-        self.cluster.requests.add(verb, rt.plural + (f"/{sub}" if sub else ""))
+        # (a dry run is counted apart: it stores nothing, so it is no write)
+        self.cluster.requests.add(verb + ("-dry-run" if self._dry_run() else ""), rt.plural + (f"/{sub}" if sub else ""))
         self.cluster.faults.maybe_fail(verb, rt.plural)
         self.cluster.faults.maybe_fail(verb, rt.plural + (f"/{sub}" if sub else ""))
         if verb == "watch":
@@ -398,8 +399,10 @@ class ApiHandler(tornado.web.RequestHandler):
             unknown = schema.unknown_fields(obj)
             if unknown:
                 if self.get_argument("fieldValidation", "") == "Strict":
-                    raise errors.invalid(rt, name, [{"field": f, "reason": "FieldValueInvalid",
-                                                     "message": f'unknown field "{f}"'} for f in unknown])
+                    # the decoder's refusal, before any validation (apiserver's handlers/create.go and
+                    # update.go turn a strict decoding error into BadRequest)
+                    raise errors.bad_request("strict decoding error: " + ", ".join(f'unknown field "{f}"'
+                                                                                  for f in unknown))
                 self.set_header("Warning", ", ".join(f'299 - "unknown field \\"{f}\\""' for f in unknown))
                 obj = _prune(obj, unknown)
             causes = schema.errors(obj)
@@ -433,6 +436,9 @@ class ApiHandler(tornado.web.RequestHandler):
         body = self._validate(rt, body, None)
         self.cluster.defaults(rt, body)
         if self._dry_run():
+            # a dry run goes as far as storage, which refuses a name that exists (registry/store.go)
+            if meta.get("name") and self.store.get(rt, namespace, meta["name"]) is not None:
+                raise errors.already_exists(rt, meta["name"])
             return self._send_object(rt, body, version, 201)
         obj = self.store.create(rt, body)
         self._send_object(rt, obj, version, 201)
