@@ -370,8 +370,8 @@ class Kube:
         query = {"labelSelector": label_selector, "fieldSelector": field_selector}
         return await self.call("GET", kind.path(namespace), {k: v for k, v in query.items() if v} or None)
 
-    async def create(self, kind: Kind, obj: dict) -> dict:
-        return await self.call("POST", kind.path(obj["metadata"].get("namespace")), None, obj)
+    async def create(self, kind: Kind, obj: dict, query: dict | None = None) -> dict:
+        return await self.call("POST", kind.path(obj["metadata"].get("namespace")), query, obj)
 
     async def replace(self, kind: Kind, obj: dict) -> dict:
         meta = obj["metadata"]
@@ -380,9 +380,10 @@ class Kube:
     async def patch(self, kind: Kind, namespace: str | None, name: str, patch: dict) -> dict:
         return await self.call("PATCH", kind.path(namespace, name), None, patch, "application/merge-patch+json")
 
-    async def json_patch(self, kind: Kind, namespace: str | None, name: str, ops: Sequence[dict]) -> dict:
+    async def json_patch(self, kind: Kind, namespace: str | None, name: str, ops: Sequence[dict],
+                         query: dict | None = None) -> dict:
         """An RFC 6902 patch: unlike a merge patch, `replace` drops what the new value leaves out."""
-        return await self.call("PATCH", kind.path(namespace, name), None, ops, "application/json-patch+json")
+        return await self.call("PATCH", kind.path(namespace, name), query, ops, "application/json-patch+json")
 
     async def delete(self, kind: Kind, namespace: str | None, name: str) -> bool:
         """Delete; False when it was already gone."""

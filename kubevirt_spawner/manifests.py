@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from .objects import ARGS_KEY, ENV_DISK_SERIAL, ROOT_DISK_SERIAL, USERDATA_KEY, WORKSPACE_DISK_SERIAL
+from .objects import ARGS_KEY, ENV_DISK_SERIAL, ROOT_DISK_SERIAL, USERDATA_KEY, WORKSPACE_DISK_SERIAL, merge_patch
 
 MANAGED_BY = "kubevirt-spawner"
 LABEL_PREFIX = "kubevirt-spawner.io/"
@@ -27,6 +27,7 @@ ANNOTATION_USERNAME = LABEL_PREFIX + "username"
 ANNOTATION_SERVERNAME = LABEL_PREFIX + "servername"
 ANNOTATION_PROFILE = LABEL_PREFIX + "profile"
 ANNOTATION_PROFILE_VERSION = LABEL_PREFIX + "profile-version"
+ANNOTATION_PROFILE_OPTIONS = LABEL_PREFIX + "profile-options"  # the user's choices in the profile (JSON)
 ANNOTATION_RETAIN_UNTIL = LABEL_PREFIX + "retain-until"
 # When the JupyterHub account was made: an account deleted and made again under the same name may
 # be another person, so its kept disks need an administrator's word (ANNOTATION_CONFIRMED_FOR).
@@ -83,8 +84,13 @@ class MachineSpec:
     ports: tuple[tuple[str, int], ...] = (("ssh", 22), ("code-server", 8080), ("jupyterlab", JUPYTER_PORT))
     profile: str = ""
     profile_version: str = ""
+    profile_options: str = ""  # the user's choices in the profile, as JSON (profiles.Selection.options)
     extra_labels: dict = field(default_factory=dict)
     extra_annotations: dict = field(default_factory=dict)
+    priority_class: str = ""  # the machine's PriorityClass (the launcher pod's priority)
+    # the admin's own fields, merge_patch in last (maps merge, lists replace, None removes a key)
+    extra_spec: dict = field(default_factory=dict)  # into the VM's spec
+    extra_template_spec: dict = field(default_factory=dict)  # into its template's spec
 
     @property
     def golden_namespace(self) -> str:
@@ -302,13 +308,18 @@ def virtual_machine(ident: Identity, spec: MachineSpec) -> dict:
         template_spec["tolerations"] = [dict(t) for t in spec.tolerations]
     if spec.affinity:
         template_spec["affinity"] = spec.affinity
+    if spec.priority_class:
+        template_spec["priorityClassName"] = spec.priority_class
+    template_spec = merge_patch(template_spec, spec.extra_template_spec)
     profile = {ANNOTATION_PROFILE: spec.profile, ANNOTATION_PROFILE_VERSION: spec.profile_version}
+    if spec.profile:  # (the workstations service starts the machine with them again)
+        profile[ANNOTATION_PROFILE_OPTIONS] = spec.profile_options or "{}"
     return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
             "metadata": _meta(ident, ident.vm, "workstation", spec, **profile),
-            "spec": {"runStrategy": "Halted",
-                     "template": {"metadata": {"labels": labels(ident, "workstation", spec),
-                                               "annotations": identity_annotations(ident, spec)},
-                                  "spec": template_spec}}}
+            "spec": merge_patch({"runStrategy": "Halted",
+                            "template": {"metadata": {"labels": labels(ident, "workstation", spec),
+                                                      "annotations": identity_annotations(ident, spec)},
+                                         "spec": template_spec}}, spec.extra_spec)}
 
 
 def service(ident: Identity, spec: MachineSpec) -> dict:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 # Phases after which a VMI, a DataVolume or a snapshot changes no more.
 FINAL_PHASES = ("Succeeded", "Failed")
 
@@ -14,6 +16,21 @@ def field_value(obj: dict | None, path: str):
             return None
         cur = cur.get(part)
     return cur
+
+
+def merge_patch(target, patch):
+    """RFC 7386, which is also KubeSpawner's rule for overrides and extra specs: objects merge key
+    by key, None (null) removes a key, everything else (a list included) replaces. Neither
+    argument changes."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
 
 
 def condition(obj: dict | None, ctype: str) -> dict:

@@ -5,7 +5,10 @@ Configuration (traitlets) and the JupyterHub hooks only; the lifecycle lives in 
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
+import json
 import re
 from datetime import datetime, timezone
 
@@ -18,7 +21,7 @@ from . import kube as k
 from . import manifests as m
 from . import names
 from . import profiles as prof
-from .objects import field_value
+from .objects import field_value, merge_patch
 from .operations import refuse_start_during_operation
 from .quantity import format_bytes, parse_quantity
 from .reflector import Caches
@@ -149,11 +152,44 @@ class KubeVirtSpawner(Spawner):
         URL at which a workstation reaches the hub's `workstations` service (its Lab panel calls
         it), ending in /services/workstations/; `service.register()` sets it. Passed to the guest
         as KUBEVIRT_WORKSTATIONS_URL.""")
-    profile_list = Union([List(Dict()), Callable()], config=True, help="""
-        Profiles users choose from: dicts with display_name, slug, description, default, version and
+    profile_list = Union([List(Dict()), Dict(), Callable()], config=True, help="""
+        Profiles users choose from, in KubeSpawner 7.1's shape: a list of dicts, or a dict of them
+        by key (shown in the order of the keys), or a callable taking the spawner and returning
+        either (it may be async). Each has display_name, slug, description, default, version,
         kubevirt_override (settings such as cpu_guarantee, mem_guarantee, gpus, node_selector,
-        tolerations, root_disk_size, golden_image, workspace_disk_size). May be a callable
-        taking the spawner and returning the list.""")
+        tolerations, root_disk_size, golden_image, workspace_disk_size; a value may be a callable
+        taking the spawner), profile_options (choices inside the profile, each with its own
+        kubevirt_override, and an unlisted_choice the user types, checked by its
+        validation_regex, put for {value} in its kubevirt_override), and allowed_users /
+        allowed_groups (JupyterHub names and groups: only they may start it, and only they see
+        it). Overrides apply in order, the profile's then each option's: a dict merges into the
+        setting (a key set to None is removed), any other value replaces it.""")
+    modify_vm_hook = Callable(None, allow_none=True, config=True, help="""
+        KubeSpawner's modify_pod_hook for the VirtualMachine: called as `hook(spawner, vm)` (it may
+        be async) with the VM a start is about to create, or whose template it is about to replace,
+        after every setting and profile has been applied; it returns the VM to use. It must keep
+        the VM's name, namespace and the hub's labels and annotations. The cluster checks the
+        result (a dry run, unknown fields refused) before any disk is made: a VM it refuses fails
+        the start with a sentence, and nothing is created.""")
+    extra_vm_spec = Dict(config=True, help="""
+        Fields merge_patch into the VirtualMachine's spec (KubeSpawner's extra_pod_config): maps merge,
+        lists replace, a key set to None is removed. A profile may override it.""")
+    extra_vm_template_spec = Dict(config=True, help="""
+        Fields merge_patch into the VM template's spec (the machine: domain, tolerations,
+        dnsConfig, ...), with extra_vm_spec's rules: maps merge, lists replace (a list given here
+        replaces the workstation's own: never give `volumes` or `domain.devices.disks`), None
+        removes a key. A profile may override it.""")
+    priority_class_name = Unicode("", config=True, help="""
+        The PriorityClass of the machine (its virt-launcher pod's priority: a GPU profile may
+        pre-empt batch work). The admission policy allows the classes its
+        VM_PRIORITY_CLASSES parameter lists. A profile may override it.""")
+    profile_form_template = Unicode("", config=True, help="""
+        A Jinja2 template for the spawn page's profiles instead of this package's
+        (templates/profiles_form.html). It gets `profile_list` (the profiles this user may start,
+        each with `slug` and its `profile_options` filled in), `user_options` (the last choice)
+        and `unlisted` (the select's value for a value of one's own). The fields it posts are
+        KubeSpawner's: `profile`, `profile-option-SLUG--OPTION` and
+        `profile-option-SLUG--OPTION--unlisted-choice`. Escapes HTML by default.""")
 
     @default("profile_list")
     def _default_profile_list(self):
@@ -280,11 +316,59 @@ class KubeVirtSpawner(Spawner):
             self._profiles()
 
     def _profiles(self) -> list[dict]:
-        raw = self.profile_list(self) if callable(self.profile_list) else self.profile_list
+        """The static profile_list, checked (a callable's is only known per user: _profiles_now)."""
+        raw = [] if callable(self.profile_list) else self.profile_list
         try:
             return prof.normalise(raw or [])
         except prof.ProfileError as exc:
             raise TraitError(f"KubeVirtSpawner.profile_list: {exc}") from None
+
+    async def _profiles_now(self) -> list[dict]:
+        """The profiles as they are for this spawner now: a callable profile_list is asked (and
+        awaited when it is async); a bad list is the administrator's to mend, said in a sentence."""
+        if not callable(self.profile_list):
+            return self._profiles()
+        try:
+            return prof.normalise(await maybe_future(self.profile_list(self)) or [])
+        except prof.ProfileError as exc:
+            raise WorkstationError(f"This hub's profile list cannot be used ({exc}). Tell your administrator.",
+                                   reason="profile") from None
+        except Exception:
+            self.log.exception("profile_list failed for %s", self._log_name)
+            raise WorkstationError("This hub's profile list failed, so no profile can be chosen now. Tell your "
+                                   "administrator; the hub's log has the error.", reason="profile") from None
+
+    def _group_names(self) -> list[str]:
+        return [group.name for group in getattr(self.user, "groups", None) or []]
+
+    async def _selection(self, user_options: dict, check_access: bool = True) -> prof.Selection | None:
+        try:
+            return prof.choose(await self._profiles_now(), user_options, self.user.name, self._group_names(),
+                               check_access=check_access)
+        except prof.ProfileError as exc:
+            raise WorkstationError(str(exc), reason="profile") from None
+
+    async def _resolved(self, selection: prof.Selection | None) -> list[dict]:
+        """The selection's overrides with callable values called (with this spawner; awaited when
+        async), in the order they apply."""
+        if selection is None:
+            return []
+        out = []
+        for override in prof.overrides(selection):
+            values = {}
+            for name, value in override.items():
+                try:
+                    values[name] = await maybe_future(value(self)) if callable(value) else value
+                except Exception:
+                    self.log.exception("the profile %s's %s failed for %s", selection.slug, name, self._log_name)
+                    raise WorkstationError(
+                        f"The profile {selection.slug!r} could not work out its {name}. Tell your administrator; the "
+                        "hub's log has the error.", reason="profile") from None
+            out.append(values)
+        return out
+
+    async def _spec_for(self, selection: prof.Selection | None) -> m.MachineSpec:
+        return self._machine_spec(selection, await self._resolved(selection))
 
     def _shared(self) -> dict:
         ns_scope = self.namespace_template if "{" not in self.namespace_template else None
@@ -359,10 +443,10 @@ class KubeVirtSpawner(Spawner):
         return dataclasses.replace(template, slug=fields["user_server"], user_slug=fields["user"],
                                    server_slug=fields["server"], **{**named, "namespace": obj["metadata"]["namespace"]})
 
-    async def _workstation(self, profile: dict | None = None, for_start: bool = False) -> Workstation:
-        """For a start, a workstation with the spec from the current settings and profile (hooks may
-        have changed them). Poll, stop and the like do not depend on the spec: they reuse the last
-        one (poll is hot)."""
+    async def _workstation(self, spec: m.MachineSpec | None = None, for_start: bool = False) -> Workstation:
+        """For a start, a workstation with `spec` (from the current settings and the user's profile
+        and choices: hooks may have changed them). Poll, stop and the like do not depend on the
+        spec: they reuse the last one (poll is hot)."""
         if not for_start and self._current is not None:
             return self._current
         shared = self._shared()
@@ -379,26 +463,50 @@ class KubeVirtSpawner(Spawner):
                             network_policy_from=tuple(self.network_policy_ingress_from),
                             namespace_quota=dict(self.namespace_resource_quota),
                             namespace_limits=tuple(self.namespace_limit_range))
-        self._current = Workstation(shared["kube"], caches, self._ident, self._machine_spec(profile), settings,
-                                    self.log)
+        self._current = Workstation(shared["kube"], caches, self._ident, spec or self._machine_spec(None), settings,
+                                    self.log, vm_hook=self._modify_vm if self.modify_vm_hook is not None else None)
         return self._current
 
-    async def workstation(self, profile_slug: str | None = None) -> Workstation:
-        """This server's lifecycle object with the machine spec of the profile `profile_slug` (the
-        default profile when that one is gone): for the workstations service, which acts on
-        servers from outside the hub's process with the hub's own settings."""
-        profiles = self._profiles()
-        profile = next((p for p in profiles if p["slug"] == profile_slug), None) or prof.choose(profiles, {})
-        return await self._workstation(profile, for_start=True)
+    async def _modify_vm(self, vm: dict) -> dict:
+        return await maybe_future(self.modify_vm_hook(self, vm))
 
-    def _machine_spec(self, profile: dict | None) -> m.MachineSpec:
+    async def workstation(self, profile_slug: str | None = None, options: dict | None = None) -> Workstation:
+        """This server's lifecycle object with the machine spec of the profile `profile_slug` and
+        the user's choices in it, as the VM records them (its defaults when the choices no longer
+        fit; the hub's own settings when the profile is gone or none is recorded): for the
+        workstations service, which acts on servers from outside the hub's process."""
+        profiles = await self._profiles_now()  # (a list that cannot be had is an error here too)
+        selection = None
+        if any(p["slug"] == profile_slug for p in profiles):
+            for asked in ({"profile": profile_slug, **(options or {})}, {"profile": profile_slug}):
+                with contextlib.suppress(prof.ProfileError):  # (choices the profile no longer has: its defaults)
+                    selection = prof.choose(profiles, asked, check_access=False)
+                    break
+        elif profile_slug:
+            # never another profile (it may be some group's): the hub's own settings
+            self.log.warning("%s: its profile %r is no longer in profile_list; acting with the hub's own settings",
+                             self._log_name, profile_slug)
+        # (no profile recorded: a machine made before there were profiles, with the hub's own settings)
+        return await self._workstation(await self._spec_for(selection), for_start=True)
+
+    def _machine_spec(self, selection: prof.Selection | dict | None,
+                      overrides: list[dict] | None = None) -> m.MachineSpec:
+        """The machine from the settings with `overrides` applied in order (a dict merges, any
+        other value replaces); without them, a profile's own override as it is (no callables)."""
+        if isinstance(selection, dict):  # a profile without choices
+            selection = prof.Selection(selection)
+        profile = selection.profile if selection else {}
+        slug = profile.get("slug", "")
+        if overrides is None:
+            overrides = [profile.get("kubevirt_override") or {}]
         values = {}
-        slug = (profile or {}).get("slug", "")
-        override = (profile or {}).get("kubevirt_override") or {}
         for name in prof.OVERRIDABLE:
-            trait = self.traits()[name]
+            value, changed = getattr(self, name), False
+            for override in overrides:
+                if name in override:
+                    value, changed = merge_patch(copy.deepcopy(value), override[name]), True
             try:
-                values[name] = trait._validate(self, override[name]) if name in override else getattr(self, name)
+                values[name] = self.traits()[name]._validate(self, value) if changed else value
             except TraitError as exc:
                 raise WorkstationError(f"Profile {slug!r} has an invalid {name}: {exc}. Tell your "
                                        "administrator.", reason="profile") from None
@@ -418,19 +526,28 @@ class KubeVirtSpawner(Spawner):
             workspace_disk_size=values["workspace_disk_size"] or None,
             termination_grace_period=values["termination_grace_period"], firmware=values["firmware"],
             ports=tuple(self.ports.items()), profile=slug,
-            profile_version=(profile or {}).get("version", ""),
+            profile_version=profile.get("version", ""),
+            profile_options=json.dumps(selection.options, sort_keys=True) if selection else "",
             extra_labels=dict(values["extra_labels"]), extra_annotations=dict(values["extra_annotations"]),
-            ssh_enabled=values["ssh_enabled"])
+            ssh_enabled=values["ssh_enabled"], priority_class=values["priority_class_name"],
+            extra_spec=copy.deepcopy(values["extra_vm_spec"]),
+            extra_template_spec=copy.deepcopy(values["extra_vm_template_spec"]))
 
     # ---------------------------------------------------------------- options form
     @default("options_form")
     def _default_options_form(self):
         return self._render_options_form
 
-    def _render_options_form(self, spawner):
-        profiles = self._profiles()
-        current = (self.user_options or {}).get("profile")
-        return prof.options_form(profiles, current)
+    async def _render_options_form(self, spawner):
+        """The profiles this user may start (a profile limited to others is not shown; a start
+        naming it is refused too), with their last choices picked."""
+        profiles = prof.usable(await self._profiles_now(), self.user.name, self._group_names())
+        last = self.user_options or {}
+        try:  # (saved options may be stale, or whatever the REST API was sent)
+            prof.choose(profiles, last, self.user.name, self._group_names())
+        except prof.ProfileError:
+            last = {}
+        return prof.options_form(profiles, last, self.profile_form_template)
 
     @default("options_from_form")
     def _default_options_from_form(self):
@@ -459,9 +576,7 @@ class KubeVirtSpawner(Spawner):
         makes in the same namespace (pkg/controller/populators/populator-base.go, the prime PVC of
         the target's size), or the clone waits on ErrExceededQuota until the start gives up."""
         quota = self.namespace_resource_quota
-        profiles: list[dict | None] = [*self._profiles()] or [None]
-        for profile in profiles:
-            spec = self._machine_spec(profile)
+        for spec in self._static_specs():
             root, workspace = parse_quantity(spec.root_disk_size), parse_quantity(spec.workspace_disk_size or 0)
             needed = 2 * root + workspace
             for key in ("requests.storage", f"{spec.storage_class}.storageclass.storage.k8s.io/requests.storage"):
@@ -473,6 +588,26 @@ class KubeVirtSpawner(Spawner):
                         f"workspace disk ({spec.workspace_disk_size or 0}) and the temporary copy of the system "
                         f"disk CDI makes while cloning ({spec.root_disk_size}) need {format_bytes(needed)}; give "
                         "that much for each workstation a user may start at once")
+
+    def _static_specs(self):
+        """The machines the static profile_list can make: each profile with its default choices and
+        with each listed choice of each option (a callable value, or a value a user types, is only
+        known at a start)."""
+        profiles = self._profiles()
+        if not profiles:
+            yield self._machine_spec(None)
+        for profile in profiles:
+            picks = [{}] + [{key: choice} for key, option in profile["profile_options"].items()
+                            for choice in option["choices"]]
+            for pick in picks:
+                try:
+                    selection = prof.choose([profile], {"profile": profile["slug"], **pick}, check_access=False)
+                except prof.ProfileError:
+                    continue  # (an option that only takes a typed value)
+                assert selection is not None  # (a profile list was given)
+                overrides = prof.overrides(selection)
+                if not any(callable(v) for override in overrides for v in override.values()):
+                    yield self._machine_spec(selection, overrides)
 
     # ---------------------------------------------------------------- state
     def get_state(self):
@@ -517,11 +652,8 @@ class KubeVirtSpawner(Spawner):
         self._start_began = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         self._starting = True
         try:
-            try:
-                profile = prof.choose(self._profiles(), self.user_options)
-            except prof.ProfileError as exc:
-                raise WorkstationError(str(exc), reason="profile") from None
-            ws = await self._workstation(profile, for_start=True)
+            selection = await self._selection(self.user_options)
+            ws = await self._workstation(await self._spec_for(selection), for_start=True)
             with refusals_explained(self.log, "start"):
                 await wait_synced(ws.caches, ws.log, self.k8s_api_retry_timeout, ws.ident.namespace)
             refuse_start_during_operation(ws)  # a restore or reset changes the machine now

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import hashlib
 import json
 import logging
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Callable
+from typing import Awaitable, Callable
 
 from jupyterhub.spawner import SpawnException
 
@@ -37,6 +38,10 @@ STALL_CHECK_SECONDS = 5.0
 COPY_ON_WRITE_PHASES = ("CSICloneInProgress", "SnapshotForSmartCloneInProgress")
 WAITING_FOR_CONSUMER = ("WaitForFirstConsumer", "PendingPopulation")
 ALREADY_RUNNING = ("already running", "does not support manual start requests")
+# A write the API server checks all through (decoding with unknown fields refused, validation,
+# admission, the name's uniqueness) and then does not store.
+CHECK_ONLY = {"dryRun": "All", "fieldValidation": "Strict"}
+VmHook = Callable[[dict], Awaitable[dict]]
 
 Report = Callable[[int, str], None]
 
@@ -79,7 +84,12 @@ def _ignore_report(percent: int, message: str):
 
 
 def spec_hash(vm: dict) -> str:
-    return hashlib.sha256(json.dumps(vm["spec"]["template"], sort_keys=True).encode()).hexdigest()[:16]
+    """What a start keeps up to date on a stopped VM: its spec but the run strategy (the hub's
+    start and stop set that), and the profile and choices it records."""
+    annotations = vm["metadata"].get("annotations") or {}
+    kept = {"spec": {k: v for k, v in vm["spec"].items() if k != "runStrategy"},
+            "profile": [annotations.get(key) for key in (m.ANNOTATION_PROFILE, m.ANNOTATION_PROFILE_OPTIONS)]}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
 
 
 @dataclass
@@ -158,8 +168,9 @@ async def wait_synced(caches: Caches, log: logging.Logger | logging.LoggerAdapte
 
 class Workstation:
     def __init__(self, kube: k.Kube, caches: Caches, ident: m.Identity, spec: m.MachineSpec, settings: Settings,
-                 log: logging.Logger | logging.LoggerAdapter):
+                 log: logging.Logger | logging.LoggerAdapter, vm_hook: VmHook | None = None):
         self.kube, self.caches, self.ident, self.spec, self.settings = kube, caches, ident, spec, settings
+        self.vm_hook = vm_hook  # the admin's last word on the VM (the spawner's modify_vm_hook)
         self.log = WorkstationLog(log, f"{ident.namespace}/{ident.vm}")
         self._namespace_made_at: float | None = None  # (monotonic) when this start made the namespace
 
@@ -337,6 +348,9 @@ class Workstation:
     async def _provision_objects(self, report: Report, deadline: float):
         ident, spec = self.ident, self.spec
         vm = self.vm
+        # The machine as the cluster will take it, checked before any disk is made or grown.
+        desired = await self._desired_vm()
+        await self._check_vm(vm, desired)
         disk = self.rootdisk or self.rootdisk_pvc
         if disk is None and vm is not None:
             raise WorkstationError(
@@ -357,8 +371,6 @@ class Workstation:
         if spec.workspace_disk_size and self.caches.dvs.get(ident.namespace, ident.workspace) is None \
                 and self.caches.pvcs.get(ident.namespace, ident.workspace) is None:
             await self._ensure(k.DV, m.workspace_datavolume(ident, spec), self.caches.dvs)
-        desired = m.virtual_machine(ident, spec)
-        desired["metadata"]["annotations"][ANNOTATION_SPEC_HASH] = spec_hash(desired)
         if vm is None:
             vm = await self._ensure(k.VM, desired, self.caches.vms)
         await self._resize_disks(report)
@@ -455,14 +467,14 @@ class Workstation:
                 if err.status != 409:
                     raise
 
-    async def _create(self, kind: k.Kind, obj: dict) -> dict:
+    async def _create(self, kind: k.Kind, obj: dict, query: dict | None = None) -> dict:
         """Create `obj`, patient for a few seconds with a namespace this start has just made: on
         Kubernetes 1.30 to 1.32 before kubernetes#135359, ValidatingAdmissionPolicies looked the
         namespace up in the API server's cache only, so a create right after the namespace's could
         be refused with NotFound (a create is NotFound only when its namespace is)."""
         while True:
             try:
-                return await self.kube.create(kind, obj)
+                return await self.kube.create(kind, obj, query)
             except k.KubeError as err:
                 made = self._namespace_made_at
                 if not err.not_found or made is None or time.monotonic() - made > 10:
@@ -500,22 +512,104 @@ class Workstation:
             self._check_owner(existing)
         return existing
 
-    async def _update_stopped_vm(self, vm: dict, desired: dict):
-        """A changed profile takes effect at the next start. The template is replaced whole (a
-        merge patch would keep what the new profile leaves out: GPUs, node selectors, limits)."""
+    async def _desired_vm(self) -> dict:
+        """The VirtualMachine of this spec, as the admin's hook leaves it, with the hash of its
+        template. A hook that fails, or hands back another object, stops the start here."""
         ident = self.ident
+        desired = m.virtual_machine(ident, self.spec)
+        if self.vm_hook is not None:
+            try:
+                changed = await self.vm_hook(copy.deepcopy(desired))
+            except Exception:
+                self.log.exception("modify_vm_hook failed")
+                raise WorkstationError(
+                    "This hub's modify_vm_hook failed on your workstation's machine, so nothing was created or "
+                    "changed. Tell your administrator; the hub's log has the error.", reason="vm-spec",
+                    status_code=500) from None
+            if not self._kept_ours(desired, changed):
+                self.log.error("modify_vm_hook returned no VirtualMachine %s/%s with the hub's labels and "
+                               "annotations (it must return the VM it was given, changed)", ident.namespace, ident.vm)
+                raise WorkstationError(
+                    "This hub's modify_vm_hook did not return your workstation's machine, so nothing was created "
+                    "or changed. Tell your administrator; the hub's log says what it returned.", reason="vm-spec",
+                    status_code=500)
+            desired = changed
+        try:
+            json.dumps(desired)
+            desired["metadata"]["annotations"][ANNOTATION_SPEC_HASH] = spec_hash(desired)
+        except (TypeError, ValueError):  # (a hook's value JSON has no form for)
+            raise WorkstationError(
+                "This hub's modify_vm_hook gave your workstation's machine a value Kubernetes cannot take, so nothing "
+                "was created or changed. Tell your administrator.", reason="vm-spec", status_code=500) from None
+        return desired
+
+    def _kept_ours(self, ours: dict, changed) -> bool:
+        """Whether a hook's VM is still this workstation's: its kind, name and namespace, and the
+        hub's labels and annotations on it and its template (by which the hub finds and knows it)."""
+        def same(part: dict, other: dict, path: str) -> bool:
+            theirs = field_value(other, path)
+            return isinstance(theirs, dict) and all(theirs.get(k) == v for k, v in field_value(part, path).items()
+                                                    if k not in self.spec.extra_labels)
+        if not (isinstance(changed, dict) and changed.get("kind") == ours["kind"]
+                and isinstance(changed.get("metadata"), dict) and isinstance(changed.get("spec"), dict)
+                and isinstance(field_value(changed, "spec.template.spec"), dict)):
+            return False
+        meta = changed["metadata"]
+        return (meta.get("name"), meta.get("namespace")) == (self.ident.vm, self.ident.namespace) and all(
+            same(ours, changed, path) for path in ("metadata.labels", "metadata.annotations",
+                                                   "spec.template.metadata.labels",
+                                                   "spec.template.metadata.annotations"))
+
+    async def _check_vm(self, vm: dict | None, desired: dict):
+        """The cluster checks the machine, storing nothing (a dry run with unknown fields refused):
+        a new VM as it would be created, an existing one's replaced template. A refusal (a field
+        the schema lacks or that is invalid, an admission policy) fails the start before any disk
+        is made or grown, in one sentence."""
+        try:
+            if vm is None:
+                await self._create(k.VM, desired, query=CHECK_ONLY)
+            else:
+                ops = self._template_ops(vm, desired)
+                if ops:
+                    await self.kube.json_patch(k.VM, self.ident.namespace, self.ident.vm, ops, query=CHECK_ONLY)
+        except k.KubeError as err:
+            if err.conflict:
+                return  # (a VM the caches have not seen yet: the start adopts it)
+            if err.status in (400, 422) or (err.status == 403 and not err.permission_denied):
+                self.log.error("the cluster refuses this workstation's VirtualMachine: %s", err)
+                raise WorkstationError(
+                    f"The cluster refuses the machine this hub's settings make for you ({err.for_users}), so "
+                    "nothing was created or changed. Tell your administrator (the profile, extra_vm_spec, "
+                    "extra_vm_template_spec or modify_vm_hook).", reason="vm-spec", status_code=500) from None
+            raise
+
+    def _template_ops(self, vm: dict, desired: dict) -> list[dict]:
+        """The JSON patch that gives a stopped machine the desired template (none when it has it,
+        or while it runs: a running machine keeps its spec, the next start applies it). The
+        template is replaced whole (a merge patch would keep what the new profile leaves out:
+        GPUs, node selectors, limits)."""
         annotations = vm["metadata"].get("annotations") or {}
         if annotations.get(ANNOTATION_SPEC_HASH) == desired["metadata"]["annotations"][ANNOTATION_SPEC_HASH]:
-            return
+            return []
         if self.status() not in ("stopped", "failed"):
-            return  # a running machine keeps its spec; the next start applies it
+            return []
         ops = [{"op": "replace", "path": "/spec/template", "value": desired["spec"]["template"]}]
+        # (what extra_vm_spec sets beside the template; the run strategy is the hub's start and stop)
+        ops += [{"op": "add", "path": f"/spec/{k.json_pointer_token(key)}", "value": value}
+                for key, value in desired["spec"].items() if key not in ("template", "runStrategy")]
         for part in ("labels", "annotations"):
             if vm["metadata"].get(part) is None:
                 ops.append({"op": "add", "path": f"/metadata/{part}", "value": {}})
             ops += [{"op": "add", "path": f"/metadata/{part}/{k.json_pointer_token(key)}", "value": value}
                     for key, value in desired["metadata"][part].items()]
-        await self.kube.json_patch(k.VM, ident.namespace, ident.vm, ops)
+        return ops
+
+    async def _update_stopped_vm(self, vm: dict, desired: dict):
+        """A changed profile takes effect at the next start (_template_ops)."""
+        ops = self._template_ops(vm, desired)
+        if not ops:
+            return
+        await self.kube.json_patch(k.VM, self.ident.namespace, self.ident.vm, ops)
         self.log.info("replaced the machine spec (profile %s %s)", self.spec.profile or "-", self.spec.profile_version)
 
     async def _resize_disks(self, report: Report):

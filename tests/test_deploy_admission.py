@@ -426,7 +426,7 @@ def _container_disk(vm, value):
     (_template_spec("tolerations"), [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists",
                                        "effect": "NoSchedule"}], "tolerates the taints workload.example.com/kubevirt and VM_EXTRA_TOLERATION_KEYS [] only"),
     (_template_spec("tolerations"), [{"operator": "Exists"}], "tolerates the taints workload.example.com/kubevirt and VM_EXTRA_TOLERATION_KEYS [] only"),
-    (_template_spec("priorityClassName"), "system-node-critical", "no priority class"),
+    (_template_spec("priorityClassName"), "system-node-critical", "no priority class but VM_PRIORITY_CLASSES []"),
     (_spec("instancetype"), {"kind": "VirtualMachineClusterInstancetype", "name": "gpu-passthrough"},
      "instancetype or preference"),
     (_kernel_boot, {"container": {"image": "evil/kernel", "kernelPath": "/vmlinuz"}}, "no kernelBoot"),
@@ -458,15 +458,17 @@ def test_the_spawners_placement_passes(policy):
 
 def test_a_sites_own_labels_annotations_and_taints_pass_once_listed(tmp_path, policy):
     """Profiles may add labels, annotations and tolerations (extra_labels, extra_annotations,
-    tolerations): the policy refuses them until deploy/settings.env lists them."""
+    tolerations, priority_class_name): the policy refuses them until deploy/settings.env lists them."""
     site = dataclasses.replace(SPEC, extra_labels={"example.com/team": "physics"},
                                extra_annotations={"example.com/cost-centre": "42"},
-                               tolerations=({"key": "example.com/gpu-pool", "operator": "Exists"},))
+                               tolerations=({"key": "example.com/gpu-pool", "operator": "Exists"},),
+                               priority_class="gpu-interactive")
     assert not create(policy, m.virtual_machine(IDENT, site)).allowed
     settings = tmp_path / "site.env"
     text = (REPO / "deploy" / "settings.env").read_text()
     for name, value in (("VM_EXTRA_LABEL_PREFIXES", "example.com/"), ("VM_EXTRA_ANNOTATION_PREFIXES", "example.com/"),
-                        ("VM_EXTRA_TOLERATION_KEYS", "example.com/gpu-pool")):
+                        ("VM_EXTRA_TOLERATION_KEYS", "example.com/gpu-pool"),
+                        ("VM_PRIORITY_CLASSES", "gpu-interactive batch-low")):
         text = text.replace(f'{name}=""', f'{name}="{value}"')
     settings.write_text(text)
     listed = rendered_policy(tmp_path / "out", settings)

@@ -146,3 +146,25 @@ def test_service_selects_only_the_running_machine():
 def test_bad_environment_names_are_refused():
     with pytest.raises(ValueError, match="BAD-NAME"):
         m.env_secret(IDENT, {"BAD-NAME": "x"}, [])
+
+
+def test_an_admins_extra_specs_and_priority_class_merge_into_the_vm():
+    """KubeSpawner's merge rule (extra_pod_config): maps merge, lists replace, None removes."""
+    spec = dataclasses.replace(
+        GPU_SPEC, priority_class="gpu-interactive",
+        extra_template_spec={"dnsConfig": {"nameservers": ["10.0.0.10"]},
+                             "tolerations": [{"key": "example.com/pool", "operator": "Exists"}],
+                             "domain": {"cpu": {"dedicatedCpuPlacement": True}}, "affinity": None},
+        extra_spec={"template": {"metadata": {"annotations": {"example.com/note": "from extra_vm_spec"}}}})
+    vm = m.virtual_machine(IDENT, spec)
+    template = vm["spec"]["template"]
+    assert template["spec"]["priorityClassName"] == "gpu-interactive"
+    assert template["spec"]["dnsConfig"] == {"nameservers": ["10.0.0.10"]}
+    assert template["spec"]["tolerations"] == [{"key": "example.com/pool", "operator": "Exists"}]  # replaced
+    assert template["spec"]["domain"]["cpu"] == {"dedicatedCpuPlacement": True}
+    assert template["spec"]["domain"]["devices"]["gpus"]  # (the rest of the domain kept)
+    assert "affinity" not in template["spec"]
+    assert template["metadata"]["annotations"]["example.com/note"] == "from extra_vm_spec"
+    assert template["metadata"]["annotations"].keys() > {"example.com/note"}  # the hub's kept
+    assert vm["spec"]["runStrategy"] == "Halted"
+    assert m.virtual_machine(IDENT, GPU_SPEC) == m.virtual_machine(IDENT, dataclasses.replace(GPU_SPEC))

@@ -31,6 +31,21 @@ ANNOTATION_DISK_USAGE = m.LABEL_PREFIX + "disk-usage"  # the last usage the gues
 LEVELS = ((95, "95"), (85, "85"), (70, "70"))
 
 
+async def _no_auth_state():
+    return None
+
+
+def recorded_options(text: str | None) -> dict:
+    """The user's choices in the profile as the VM records them; anything else is no choice (the
+    spawner checks them against the profile again)."""
+    try:
+        options = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return {k: v for k, v in options.items() if isinstance(k, str) and isinstance(v, str)} \
+        if isinstance(options, dict) else {}
+
+
 class ServiceError(Exception):
     """Bad input or a refused action: an HTTP status and one sentence; nothing was changed."""
 
@@ -177,16 +192,20 @@ class Workstations(LoggingConfigurable):
     def spawner(self, user: str, server: str) -> KubeVirtSpawner:
         """A spawner for the server, with the hub's own settings (names, profiles, images)."""
         orm = types.SimpleNamespace(name=server, display_name="", server=None, state=None, user_options=None)
+        # (a callable profile_list may read the user's groups and auth state: the service has neither)
         return KubeVirtSpawner(config=self.config, log=self.log, orm_spawner=orm,
-                               user=types.SimpleNamespace(name=user, url=f"/user/{user}/"))
+                               user=types.SimpleNamespace(name=user, url=f"/user/{user}/", groups=[],
+                                                          get_auth_state=_no_auth_state))
 
     async def workstation(self, user: str, server: str) -> Workstation:
         """The lifecycle object of user/server with the spec of the profile it runs with."""
         spawner = self.spawner(user, server)
         ws = await spawner.workstation()
-        slug = ((ws.vm or {}).get("metadata", {}).get("annotations") or {}).get(m.ANNOTATION_PROFILE)
-        if slug and slug != ws.spec.profile:
-            ws = await spawner.workstation(slug)
+        annotations = (ws.vm or {}).get("metadata", {}).get("annotations") or {}
+        slug = annotations.get(m.ANNOTATION_PROFILE)
+        options = recorded_options(annotations.get(m.ANNOTATION_PROFILE_OPTIONS))
+        if slug and (slug != ws.spec.profile or options):
+            ws = await spawner.workstation(slug, options)
         return ws
 
     async def existing(self, caller: Caller, user: str, server: str) -> Workstation:

@@ -4,20 +4,8 @@ from __future__ import annotations
 
 import copy
 
+from ..objects import merge_patch
 from .errors import ApiError, bad_request
-
-
-def merge_patch(target, patch):
-    """RFC 7386: objects merge key by key, `null` deletes, everything else replaces."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = merge_patch(result.get(key), value)
-    return result
 
 
 def _pointer(path: str) -> list[str]:
