@@ -116,8 +116,10 @@ class Hub:
         out: list[str] = []
 
         async def execute():
+            # (the call's own bound, not tornado's 20 s: a TCG guest beside code-server was slower)
             ws = await websocket_connect(HTTPRequest(f"{base.replace('http', 'ws', 1)}/api/kernels/{kid}/channels",
-                                                     headers={"Authorization": f"token {token}"}))
+                                                     headers={"Authorization": f"token {token}"},
+                                                     connect_timeout=timeout, request_timeout=timeout))
             msg_id = uuid.uuid4().hex
             ws.write_message(json.dumps({
                 "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": user, "session": msg_id,

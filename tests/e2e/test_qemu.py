@@ -271,8 +271,9 @@ def test_vs_code_in_the_browser_is_the_images_code_server_for_its_owner_only(hub
         code.keyboard.press("Control+Backquote")  # View: Toggle Terminal
         code.locator(".xterm").first.wait_for()
         code.locator(".xterm").first.click()
-        code.keyboard.type("hostname > /tmp/from-vscode\n")
-        wait_for(lambda: sh(hub, "cat /tmp/from-vscode 2>/dev/null || true") == f"{VM}\n", 120, interval=2,
+        code.keyboard.type("hostname > ~/from-vscode.txt\n")
+        # (read through Jupyter's contents API: a kernel per look is heavy beside code-server on TCG)
+        wait_for(lambda: hub.read_file(USER, "from-vscode.txt") == f"{VM}\n", 120, interval=2,
                  what="the command typed in VS Code's terminal")
         code.screenshot(path=str(artifacts / "vscode.png"))
     finally:
