@@ -5,6 +5,7 @@ Configuration (traitlets) and the JupyterHub hooks only; the lifecycle lives in 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import dataclasses
@@ -297,6 +298,7 @@ class KubeVirtSpawner(Spawner):
         self._progress: list[dict] = []
         self._start_began: str | None = None
         self._starting = False
+        self._halting: asyncio.Future | None = None  # halting again after a post-stop halt failed
         self.check_config()
 
     def check_config(self):
@@ -652,6 +654,10 @@ class KubeVirtSpawner(Spawner):
         self._start_began = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         self._starting = True
         try:
+            if self._halting is not None and not self._halting.done():
+                self._halting.cancel()  # (a stop on its way lands first: the client lets it)
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._halting
             selection = await self._selection(self.user_options)
             ws = await self._workstation(await self._spec_for(selection), for_start=True)
             with refusals_explained(self.log, "start"):
@@ -736,8 +742,28 @@ class KubeVirtSpawner(Spawner):
             ws = await self._workstation()
             await ws.ensure_halted()
         except Exception:
-            self.log.exception("could not make sure the workstation of %s stays stopped", self._log_name)
+            self.log.exception("could not make sure the workstation of %s stays stopped; trying again until it "
+                               "does or the server starts", self._log_name)
+            if self._halting is None or self._halting.done():
+                self._halting = asyncio.ensure_future(self._halt_until_done())  # (start() cancels it)
         return await maybe_future(super().run_post_stop_hook())
+
+    async def _halt_until_done(self, first_delay: float = 5.0):
+        """Halt the VM again and again (with backoff, at most a minute apart) until it lands: with
+        virt-api down for minutes, a VM left to run (runStrategy Always) comes back by itself when
+        its lost node is fenced, with no server in the hub."""
+        delay = first_delay
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                await (await self._workstation()).ensure_halted()
+            except Exception as exc:
+                delay = min(delay * 2, 60.0)
+                self.log.warning("still cannot make sure the workstation of %s stays stopped (%s); trying again in "
+                                 "%.0f s", self._log_name, exc, delay)
+                continue
+            self.log.info("the workstation of %s stays stopped now", self._log_name)
+            return
 
     async def delete_forever(self):
         ws = await self._workstation()

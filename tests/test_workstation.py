@@ -1480,3 +1480,44 @@ async def test_the_admins_hook_changes_the_vm_and_the_cluster_checks_it_before_a
         await hooked(env, "hugo", typo).start({}, [])
     after = await env.admin.get(k.VM, "notebook-hugo", "hugo-workstation")
     assert after["spec"] == before["spec"] and after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+
+
+async def test_a_halt_that_fails_after_a_stop_is_tried_again_until_it_lands(env, wsim, caplog):
+    """JupyterHub skips stop() when poll() says the machine is not running (its node was lost), and
+    the hub halts the VM in its post-stop hook. With virt-api down longer than the client retries
+    (the fault soak met a minute of it), the hub keeps trying: a VM left at runStrategy Always comes
+    back by itself once the lost node is fenced (KubeVirt's VM controller,
+    pkg/virt-controller/watch/vm.go), with no server in the hub. A start ends the tries."""
+    ws = workstation(env, "hal")
+    await ws.start({}, [])
+    c = Config()
+    c.KubeVirtSpawner.kubeconfig = wsim.kubeconfig
+    c.KubeVirtSpawner.k8s_api_retry_timeout = 1.0
+    await forget_shared()
+    spawner = KubeVirtSpawner(config=c, user=types.SimpleNamespace(name="hal", url="/user/hal/"))
+    spawner.load_state({"workstation": ws.ident.to_state()})
+    sim_api(wsim, "PUT", "/faults/api", {"verb": "update", "resource": "virtualmachines/stop", "rate": 1,
+                                         "code": 500})
+    try:
+        await spawner.run_post_stop_hook()
+        assert "could not make sure the workstation of hal stays stopped; trying again" in caplog.text
+        assert spawner._halting is not None and not spawner._halting.done()
+        await asyncio.sleep(6)  # (the first try again fails too)
+        assert field_value(await env.admin.get(k.VM, ws.ident.namespace, ws.ident.vm), "spec.runStrategy") != "Halted"
+    finally:
+        sim_api(wsim, "DELETE", "/faults/api")
+    await asyncio.wait_for(asyncio.shield(spawner._halting), 30)
+    assert field_value(await env.admin.get(k.VM, ws.ident.namespace, ws.ident.vm), "spec.runStrategy") == "Halted"
+    assert "still cannot make sure the workstation of hal stays stopped" in caplog.text
+    # a start ends the tries at once
+    spawner._halting = asyncio.ensure_future(spawner._halt_until_done(first_delay=3600))
+    spawner._wake_progress = lambda: None
+    start = asyncio.ensure_future(spawner.start())
+    await asyncio.sleep(0.5)
+    assert spawner._halting.cancelled()
+    start.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await start
+    for shared in spawner_module._shared.values():
+        shared["caches"].stop()
+    await forget_shared()
