@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from .objects import ARGS_KEY, ENV_DISK_SERIAL, ROOT_DISK_SERIAL, USERDATA_KEY, WORKSPACE_DISK_SERIAL, merge_patch
+from .objects import (ARGS_KEY, check_mount_path, ENV_DISK_SERIAL, ROOT_DISK_SERIAL, SCRATCH_DISK_SERIAL, SHARED_DATA_ENV, USERDATA_KEY,
+                      WORKSPACE_DISK_SERIAL, merge_patch)
 
 MANAGED_BY = "kubevirt-spawner"
 LABEL_PREFIX = "kubevirt-spawner.io/"
@@ -63,6 +64,60 @@ class Identity:
 
 
 @dataclass(frozen=True)
+class SharedData:
+    """An existing claim of the workstation's namespace (a CephFS dataset, a team folder) the
+    guest mounts at `path` through virtiofs; `name` is the VM's filesystem and the mount tag."""
+    name: str
+    claim: str
+    path: str
+    read_only: bool = False
+
+
+# The VM's own volume names, which shared data may not take.
+OWN_VOLUMES = ("rootdisk", "workspace", "scratch", "cloudinit", ENV_DISK_SERIAL)
+# A shared data name is a volume name (a DNS label) and the virtiofs mount tag, which Linux's
+# virtio-fs takes up to 36 bytes long (include/uapi/linux/virtio_fs.h).
+SHARED_NAME_MAX = 36
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+SHARED_DATA_KEYS = {"name", "claim", "mount_path", "read_only"}
+
+
+def shared_data(items) -> tuple[SharedData, ...]:
+    """The shared data of a setting such as `[{"claim": "datasets", "mount_path": "/data/datasets",
+    "read_only": True}]` (`name` defaults to the claim's), or ValueError with a sentence."""
+    out: list[SharedData] = []
+    for item in items or ():
+        if not isinstance(item, dict):
+            raise ValueError(f"{item!r} is not a dict with claim, mount_path and read_only")
+        unknown = sorted(set(item) - SHARED_DATA_KEYS)
+        if unknown:
+            raise ValueError(f"{item!r}: unknown keys {', '.join(map(str, unknown))}; a shared data entry has "
+                             f"{', '.join(sorted(SHARED_DATA_KEYS))}")
+        claim = item.get("claim")
+        if not isinstance(claim, str) or len(claim) > 253 or not _DNS_SUBDOMAIN.match(claim):
+            raise ValueError(f"{item!r}: claim must be the name of a PersistentVolumeClaim of the workstation's "
+                             "namespace")
+        name = item.get("name", claim)
+        if not isinstance(name, str) or len(name) > SHARED_NAME_MAX or not _DNS_LABEL.match(name):
+            raise ValueError(f"{item!r}: name (the claim's when not given) must be at most {SHARED_NAME_MAX} "
+                             "lower-case letters, digits and dashes: give a shorter name")
+        if name in OWN_VOLUMES:
+            raise ValueError(f"{item!r}: the name {name} is one of the workstation's own volumes: give another")
+        read_only = item.get("read_only", False)
+        if not isinstance(read_only, bool):
+            raise ValueError(f"{item!r}: read_only is true or false")
+        path = check_mount_path(item.get("mount_path"))
+        for other in out:
+            if other.name == name:
+                raise ValueError(f"two shared data entries are named {name}: give one a name of its own")
+            if path == other.path or path.startswith(other.path + "/") or other.path.startswith(path + "/"):
+                raise ValueError(f"the mount points {other.path} and {path} overlap: give each its own directory")
+        out.append(SharedData(name, claim, path, read_only))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
 class MachineSpec:
     """What the machine looks like: compute, devices, placement and disks (from the profile)."""
     cpu: str = "2"
@@ -78,6 +133,8 @@ class MachineSpec:
     root_disk_size: str = "60Gi"
     storage_class: str = "ceph-rbd"
     workspace_disk_size: str | None = None
+    shared_data: tuple[SharedData, ...] = ()
+    scratch_disk_size: str | None = None  # an emptyDisk on /scratch, blank at every start
     termination_grace_period: int = 120
     firmware: str = "bios"  # what the golden image boots with: bios or efi
     ssh_enabled: bool = True  # the guest's SSH tunnel opens for its owner (the guest reads KUBEVIRT_SSH_ENABLED)
@@ -280,6 +337,16 @@ def virtual_machine(ident: Identity, spec: MachineSpec) -> dict:
     if spec.workspace_disk_size:
         disks.append({"name": "workspace", "serial": WORKSPACE_DISK_SERIAL, "disk": {"bus": "virtio"}})
         volumes.append({"name": "workspace", "persistentVolumeClaim": {"claimName": ident.workspace}})
+    if spec.scratch_disk_size:
+        disks.append({"name": "scratch", "serial": SCRATCH_DISK_SERIAL, "disk": {"bus": "virtio"}})
+        volumes.append({"name": "scratch", "emptyDisk": {"capacity": spec.scratch_disk_size}})
+    # Shared data: virtiofs, a filesystem and a claim volume of the same name (KubeVirt v1.9 needs
+    # the EnableVirtioFsStorageVolumes feature gate for it); read-only is the claim volume's
+    # readOnly, which the launcher pod's mount enforces (virt-controller's rendervolumes.go).
+    filesystems = [{"name": share.name, "virtiofs": {}} for share in spec.shared_data]
+    volumes += [{"name": share.name, "persistentVolumeClaim": {"claimName": share.claim,
+                                                                **({"readOnly": True} if share.read_only else {})}}
+                for share in spec.shared_data]
     disks += [{"name": "cloudinit", "disk": {"bus": "virtio"}},
               {"name": ENV_DISK_SERIAL, "serial": ENV_DISK_SERIAL, "disk": {"bus": "virtio"}}]
     # no network data: the golden image configures every Ethernet NIC by DHCP whatever its name
@@ -295,6 +362,8 @@ def virtual_machine(ident: Identity, spec: MachineSpec) -> dict:
                                "ports": [{"name": n, "port": p} for n, p in spec.ports]}]}
     if gpus:
         devices["gpus"] = gpus
+    if filesystems:
+        devices["filesystems"] = filesystems
     template_spec: dict = {
         "terminationGracePeriodSeconds": spec.termination_grace_period,
         "domain": {"memory": {"guest": spec.memory_guest or spec.memory}, "resources": resources,
@@ -320,6 +389,16 @@ def virtual_machine(ident: Identity, spec: MachineSpec) -> dict:
                             "template": {"metadata": {"labels": labels(ident, "workstation", spec),
                                                       "annotations": identity_annotations(ident, spec)},
                                          "spec": template_spec}}, spec.extra_spec)}
+
+
+def guest_env(spec: MachineSpec) -> dict[str, str]:
+    """What the guest learns of its machine through the env disk, beside JupyterHub's variables:
+    whether its SSH tunnel opens, and where each shared data filesystem goes."""
+    env = {"KUBEVIRT_SSH_ENABLED": "1" if spec.ssh_enabled else "0"}
+    if spec.shared_data:
+        env[SHARED_DATA_ENV] = json.dumps([{"tag": s.name, "path": s.path, "readOnly": s.read_only}
+                                           for s in spec.shared_data])
+    return env
 
 
 def service(ident: Identity, spec: MachineSpec) -> dict:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import posixpath
+import re
 
 # Phases after which a VMI, a DataVolume or a snapshot changes no more.
 FINAL_PHASES = ("Succeeded", "Failed")
@@ -48,3 +50,29 @@ WORKSPACE_MOUNT = "/home"  # users' homes live on the workspace disk, so they su
 ENV_DISK_SERIAL = "hubenv"
 ARGS_KEY = "args.json"
 USERDATA_KEY = "userdata"
+# Shared data: each is a virtiofs filesystem of the VM whose mount tag is its name (KubeVirt v1.9
+# pkg/virt-launcher/virtwrap/converter: the tag is the filesystem's name); the guest learns where
+# each goes from this variable, a JSON list of {"tag", "path", "readOnly"}.
+SHARED_DATA_ENV = "KUBEVIRT_SHARED_DATA"
+# The discardable scratch disk (an emptyDisk: blank at every start of the VM) on /scratch.
+SCRATCH_DISK_SERIAL = "scratch"
+SCRATCH_MOUNT = "/scratch"
+# Where shared data may not go: the system's own directories (a mount there hides the system),
+# the workspace disk's /home and the scratch disk's mount.
+SYSTEM_PATHS = ("/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/opt", "/proc", "/root",
+                "/run", "/sbin", "/scratch", "/snap", "/sys", "/tmp", "/usr", "/var")
+_MOUNT_PATH = re.compile(r"^(/[A-Za-z0-9._-]+)+$")
+
+
+def check_mount_path(path) -> str:
+    """A mount point for shared data, or ValueError with a sentence: absolute, plain (letters,
+    digits, ., _ and -), normalised, and outside the system's directories."""
+    if not isinstance(path, str) or not _MOUNT_PATH.match(path) or posixpath.normpath(path) != path \
+            or any(part in (".", "..") for part in path.split("/")):
+        raise ValueError(f"{path!r} is not a mount point: give an absolute path of letters, digits, '.', '_' and '-' "
+                         "such as /data/datasets")
+    for system in SYSTEM_PATHS:
+        if path == system or path.startswith(system + "/"):
+            raise ValueError(f"{path} is inside {system}, which the system (or the workstation's own disks) uses: "
+                             "mount shared data elsewhere, such as under /data or /srv")
+    return path

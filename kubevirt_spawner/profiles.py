@@ -22,7 +22,8 @@ import jinja2
 OVERRIDABLE = {"cpu_guarantee", "cpu_limit", "mem_guarantee", "mem_limit", "memory_guest", "gpus", "node_selector",
                "tolerations", "affinity", "root_disk_size", "golden_image", "workspace_disk_size", "storage_class",
                "extra_labels", "extra_annotations", "termination_grace_period", "firmware", "ssh_enabled",
-               "priority_class_name", "extra_vm_spec", "extra_vm_template_spec"}
+               "priority_class_name", "extra_vm_spec", "extra_vm_template_spec", "shared_data",
+               "scratch_disk_size"}
 UNLISTED = "--unlisted-choice"  # KubeSpawner's suffix of an option's own value
 UNLISTED_IN_FORM = "unlisted-choice"  # the value of the select's "Other..." entry (KubeSpawner's)
 VALUE_MAX = 256  # an unlisted value lands in settings (an image name, a label): no essays

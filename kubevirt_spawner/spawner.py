@@ -72,6 +72,19 @@ class KubeVirtSpawner(Spawner):
     storage_class = Unicode("ceph-rbd", config=True, help="StorageClass of the disks (RBD, volumeMode Block).")
     workspace_disk_size = Unicode("", config=True, help="""
         Size of an extra workspace disk that survives a system reset; empty for none.""")
+    scratch_disk_size = Unicode("", config=True, help="""
+        Size of a discardable scratch disk on /scratch (KubeVirt's emptyDisk: a blank image on the
+        node's local disk, in the virt-launcher pod's ephemeral storage, made anew at every start);
+        empty for none. A profile may override it.""")
+    shared_data = List(Dict(), config=True, help="""
+        Existing claims of the workstation's namespace (CephFS datasets, a team folder) the guest
+        mounts through virtiofs at every boot, e.g. `[{"claim": "datasets", "mount_path":
+        "/data/datasets", "read_only": True}]`; `name` (the claim's by default) is the mount tag,
+        `read_only` (default false, as Kubernetes' readOnly) is enforced by the launcher pod's
+        mount. The claim must be a Filesystem one, ReadWriteMany or ReadOnlyMany where several
+        machines use it; KubeVirt v1.9 needs its EnableVirtioFsStorageVolumes feature gate. A
+        start whose claim is missing fails with a sentence. A profile may override it (the list
+        replaces this one).""")
     memory_guest = ByteSpecification(None, allow_none=True, config=True, help="""
         Memory the guest sees (spec.domain.memory.guest). Default: mem_limit, else mem_guarantee.""")
     gpus = Dict(value_trait=Integer(), config=True, help="""
@@ -223,7 +236,15 @@ class KubeVirtSpawner(Spawner):
             raise TraitError(f"KubeVirtSpawner.golden_image = {value!r}: give the golden image PVC as namespace/name")
         return value
 
-    @validate("root_disk_size", "workspace_disk_size")
+    @validate("shared_data")
+    def _check_shared_data(self, proposal):
+        try:
+            m.shared_data(proposal["value"])
+        except ValueError as exc:
+            raise TraitError(f"KubeVirtSpawner.shared_data: {exc}") from None
+        return proposal["value"]
+
+    @validate("root_disk_size", "workspace_disk_size", "scratch_disk_size")
     def _check_size(self, proposal):
         value = proposal["value"]
         if value:
@@ -526,6 +547,7 @@ class KubeVirtSpawner(Spawner):
             affinity=dict(values["affinity"]) or None, golden_image=golden,
             root_disk_size=values["root_disk_size"], storage_class=values["storage_class"],
             workspace_disk_size=values["workspace_disk_size"] or None,
+            scratch_disk_size=values["scratch_disk_size"] or None, shared_data=m.shared_data(values["shared_data"]),
             termination_grace_period=values["termination_grace_period"], firmware=values["firmware"],
             ports=tuple(self.ports.items()), profile=slug,
             profile_version=profile.get("version", ""),
@@ -665,7 +687,7 @@ class KubeVirtSpawner(Spawner):
             refuse_start_during_operation(ws)  # a restore or reset changes the machine now
             self.ip, self.port = "0.0.0.0", m.JUPYTER_PORT
             env = self.get_env()
-            env["KUBEVIRT_SSH_ENABLED"] = "1" if ws.spec.ssh_enabled else "0"  # (the profile's, if it says)
+            env.update(m.guest_env(ws.spec))  # (the profile's SSH setting and shared data, if it says)
             ws.log.info("starting for %s (profile %s)", self._log_name, ws.spec.profile or "-")
             url = await ws.start(env, self.get_args(), self._report)
             self._report(100, "Your workstation is ready")

@@ -351,6 +351,7 @@ class Workstation:
         # The machine as the cluster will take it, checked before any disk is made or grown.
         desired = await self._desired_vm()
         await self._check_vm(vm, desired)
+        await self._check_shared_claims()
         disk = self.rootdisk or self.rootdisk_pvc
         if disk is None and vm is not None:
             raise WorkstationError(
@@ -377,6 +378,25 @@ class Workstation:
         await self._update_stopped_vm(vm, desired)
         if self.service is None:
             await self._ensure(k.SERVICE, m.service(ident, spec), self.caches.services)
+
+    async def _check_shared_claims(self):
+        """Every shared data claim the machine mounts is there, and is a filesystem (virtiofs
+        shares files; a Block claim has none): a machine started without it would wait in
+        Pending for a claim that may never come. The claims are the administrator's: never
+        made, changed or deleted here."""
+        for share in self.spec.shared_data:
+            where = f"{self.ident.namespace}/{share.claim}"
+            pvc = await self.kube.get(k.PVC, self.ident.namespace, share.claim)
+            if pvc is None:
+                raise WorkstationError(
+                    f"The shared data volume {where} that your workstation mounts at {share.path} does not exist, "
+                    "so nothing was started; ask your administrator to make it or to take it out of your profile.",
+                    reason="shared-data", status_code=409)
+            if field_value(pvc, "spec.volumeMode") == "Block":
+                raise WorkstationError(
+                    f"The shared data volume {where} that your workstation mounts at {share.path} is a block "
+                    "device, not a filesystem, so nothing was started; ask your administrator to give a "
+                    "Filesystem claim.", reason="shared-data", status_code=409)
 
     async def _unretire(self):
         """A user who comes back before the retention ends gets their kept disks back. An account

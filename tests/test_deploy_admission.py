@@ -216,7 +216,7 @@ def test_a_vm_of_the_hub_mounts_no_foreign_secret_or_host_file(policy, volume):
     vm["spec"]["template"]["spec"]["volumes"].append(volume)
     verdict = create(policy, vm)
     assert not verdict.allowed and \
-        f"may mount disks, inline cloud-init and its own environment Secret {IDENT.secret} only" in verdict.message
+        f"may mount claims, blank scratch disks (emptyDisk), inline cloud-init and its own environment Secret {IDENT.secret} only" in verdict.message
     assert not update(policy, m.virtual_machine(IDENT, SPEC), vm).allowed
 
 
@@ -430,7 +430,7 @@ def _container_disk(vm, value):
     (_spec("instancetype"), {"kind": "VirtualMachineClusterInstancetype", "name": "gpu-passthrough"},
      "instancetype or preference"),
     (_kernel_boot, {"container": {"image": "evil/kernel", "kernelPath": "/vmlinuz"}}, "no kernelBoot"),
-    (_container_disk, {"name": "rootdisk", "containerDisk": {"image": "evil/rootfs"}}, "may mount disks"),
+    (_container_disk, {"name": "rootdisk", "containerDisk": {"image": "evil/rootfs"}}, "may mount claims"),
 ], ids=["hook-sidecar", "multus-annotation", "foreign-label", "control-plane-toleration", "tolerate-all",
         "priority-class", "instancetype", "kernel-boot-container", "container-disk-boot"])
 def test_a_vm_template_gives_the_launcher_pod_nothing_but_the_spawners(policy, change, value, words):
@@ -454,6 +454,14 @@ def test_the_spawners_placement_passes(policy):
                                                "effect": "NoSchedule"},),
                                  extra_annotations={"kubevirt-spawner.io/cost-centre": "physics"})
     assert create(policy, m.virtual_machine(IDENT, placed)) == Verdict(True, True)
+
+
+def test_shared_data_and_a_scratch_disk_pass(policy):
+    """Issue 26: virtiofs shares of the namespace's claims and an emptyDisk on /scratch are volume
+    kinds the policy lets a VM of the hub have (KubeVirt v1.9 schema: Filesystem, EmptyDiskSource)."""
+    shared = dataclasses.replace(SPEC, scratch_disk_size="20Gi", shared_data=m.shared_data(
+        [{"claim": "datasets", "mount_path": "/data/datasets", "read_only": True}]))
+    assert create(policy, m.virtual_machine(IDENT, shared)) == Verdict(True, True)
 
 
 def test_a_sites_own_labels_annotations_and_taints_pass_once_listed(tmp_path, policy):

@@ -878,3 +878,72 @@ def test_the_guest_agent_connects_when_the_guest_starts_it_or_never(custom, core
     wait_for(agent_connected, timeout=10, what="the agent, once the guest starts it")
     action(sim, ns, "ag", "stop", {"gracePeriod": 0})
     http(sim).delete(guest)
+
+
+def test_shared_data_and_scratch_as_kubevirt_serves_them(custom, core, ns, sim):
+    """Issue 26. virtiofs of a claim needs KubeVirt's EnableVirtioFsStorageVolumes gate (KubeVirt
+    v1.9 pkg/virt-api/webhooks/validating-webhook/admitters/vmi-create-admitter.go,
+    validateFilesystemsWithVirtIOFSEnabled; pkg/virt-config/featuregate/active.go); the guest
+    sees the claim's files at the path KUBEVIRT_SHARED_DATA gives its tag, read-only where the
+    claim volume says readOnly (pkg/virt-controller/services/rendervolumes.go mounts it so in the
+    launcher pod), and an emptyDisk (pkg/emptydisk) is blank at every start."""
+    for claim in ("datasets", "team"):
+        core.create_namespaced_persistent_volume_claim(ns, {"metadata": {"name": claim}, "spec": {
+            "accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}})
+        wait_for(lambda c=claim: core.read_namespaced_persistent_volume_claim(c, ns).status.phase == "Bound",
+                 what=f"{claim} bound")
+    def claim_dir(claim):
+        return os.path.join(sim.cluster.state_dir, "volumes",
+                            core.read_namespaced_persistent_volume_claim(claim, ns).spec.volume_name)
+    datasets = claim_dir("datasets")
+    os.makedirs(datasets, exist_ok=True)
+    with open(os.path.join(datasets, "mnist.csv"), "w") as f:
+        f.write("label,pixels\n")
+    env = {"KUBEVIRT_SHARED_DATA": json.dumps([{"tag": "datasets", "path": "/data/datasets", "readOnly": False},
+                                               {"tag": "team", "path": "/data/team", "readOnly": False}])}
+    core.create_namespaced_secret(ns, {"metadata": {"name": "shared-env"}, "stringData": env})
+    make_disk(custom, ns, "sd-disk")
+    machine = vm("sd", "sd-disk", secret="shared-env")
+    tspec = machine["spec"]["template"]["spec"]
+    tspec["domain"]["devices"]["filesystems"] = [{"name": "datasets", "virtiofs": {}}, {"name": "team", "virtiofs": {}}]
+    tspec["domain"]["devices"]["disks"].append({"name": "scratch", "serial": "scratch", "disk": {"bus": "virtio"}})
+    tspec["volumes"] += [
+        {"name": "datasets", "persistentVolumeClaim": {"claimName": "datasets", "readOnly": True}},  # (the guest asks rw)
+        {"name": "team", "persistentVolumeClaim": {"claimName": "team"}},
+        {"name": "scratch", "emptyDisk": {"capacity": "2Gi"}}]
+    with pytest.raises(ApiException) as refused:
+        custom.create_namespaced_custom_object(*KV, ns, "virtualmachines", machine)
+    assert refused.value.status == 422 and "virtiofs is not allowed: virtiofs feature gate is not enabled for PVC" \
+        in refused.value.body and "spec.template.spec.domain.devices.filesystems" in refused.value.body
+    assert get(custom, KV, ns, "virtualmachines", "sd") is None
+    kubevirt = {"apiVersion": "kubevirt.io/v1", "kind": "KubeVirt", "metadata": {"name": "kubevirt"},
+                "spec": {"configuration": {"developerConfiguration": {
+                    "featureGates": ["EnableVirtioFsStorageVolumes"]}}}}
+    custom.create_namespaced_custom_object(*KV, "kubevirt", "kubevirts", kubevirt)
+    try:
+        custom.create_namespaced_custom_object(*KV, ns, "virtualmachines", machine)
+        url = None
+        for boot in (1, 2):
+            assert action(sim, ns, "sd", "start").status_code == 202
+            wait_for(lambda: vm_status(custom, ns, "sd") == "Running", what="running")
+            vmi = get(custom, KV, ns, "virtualmachineinstances", "sd")
+            url = f"http://{vmi['status']['interfaces'][0]['ipAddress']}:8888/api/contents/"
+            wait_for(lambda: answers(url), timeout=60, interval=0.3, what="jupyter")
+            assert requests.get(url + "scratch").json()["content"] == [], f"boot {boot}: /scratch is blank"
+            assert requests.put(url + "scratch/tmp.bin", json={"type": "file", "format": "text",
+                                                                "content": "x"}).status_code == 201
+            if boot == 1:
+                got = requests.get(url + "data/datasets/mnist.csv").json()
+                assert got["content"] == "label,pixels\n"
+                wrote = requests.put(url + "data/datasets/evil.csv", json={"type": "file", "format": "text",
+                                                                           "content": "x"})
+                assert wrote.status_code >= 400 and not os.path.exists(os.path.join(datasets, "evil.csv"))
+                assert requests.put(url + "data/team/notes.md", json={"type": "file", "format": "text",
+                                                                      "content": "hi"}).status_code == 201
+            assert action(sim, ns, "sd", "stop").status_code == 202
+            wait_for(lambda: get(custom, KV, ns, "virtualmachineinstances", "sd") is None, what="stopped")
+        assert open(os.path.join(claim_dir("team"), "notes.md")).read() == "hi"
+        root = claim_dir("sd-disk")  # (the mounts were the guest's own: none in the simulator's namespace)
+        assert os.listdir(os.path.join(root, "data", "datasets")) == []
+    finally:
+        custom.delete_namespaced_custom_object(*KV, "kubevirt", "kubevirts", "kubevirt")

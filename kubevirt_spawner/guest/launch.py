@@ -14,10 +14,14 @@ this user's Jupyter server (deploy/golden-image/kubevirt-workstation.service sta
    the system disk), keeping the owner of a home that the workspace disk already holds, so the
    user's files stay theirs; an account whose home is missing (a new, blank workspace disk) gets
    a fresh one.
-4. It leaves the keys command of the machine's sshd (guest/keys.py) what it needs to ask the
+   When the VM has a scratch disk (an emptyDisk, blank at every start), it waits for it on
+   /scratch too and opens it to everyone, sticky, as /tmp.
+4. It mounts the VM's shared data (virtiofs filesystems, KUBEVIRT_SHARED_DATA gives each tag's
+   path and whether it is read-only); one that fails is reported in the journal and skipped.
+5. It leaves the keys command of the machine's sshd (guest/keys.py) what it needs to ask the
    workstations service for the user's SSH keys: the service's URL and this start's token, in a
    file only root and that command's group read (none when the hub turned SSH off).
-5. It runs jupyterhub-singleuser as that user in their home; JUPYTERHUB_SERVICE_URL (from the
+6. It runs jupyterhub-singleuser as that user in their home; JUPYTERHUB_SERVICE_URL (from the
    spawner) makes it listen on 0.0.0.0:8888. The unit restarts it whenever it ends.
 """
 
@@ -36,7 +40,8 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 
-from ..objects import ARGS_KEY, ENV_DISK_SERIAL, USERDATA_KEY, WORKSPACE_DISK_SERIAL, WORKSPACE_MOUNT
+from ..objects import (ARGS_KEY, ENV_DISK_SERIAL, SCRATCH_DISK_SERIAL, SCRATCH_MOUNT, SHARED_DATA_ENV, USERDATA_KEY,
+                       WORKSPACE_DISK_SERIAL, WORKSPACE_MOUNT, check_mount_path)
 from . import keys
 
 ENV_DEVICE = f"/dev/disk/by-id/virtio-{ENV_DISK_SERIAL}"  # systemd's 60-persistent-storage.rules
@@ -48,6 +53,7 @@ SYS_BLOCK = "/sys/block"  # virtio_blk gives each disk's serial as /sys/block/vd
 SKEL = "/etc/skel"
 RUNTIME_BASE = "/run/jupyter"  # Jupyter's runtime directories, one per account, on the /run tmpfs
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+SHARE_TAG = re.compile(r"^[a-z0-9]([-a-z0-9]{0,34}[a-z0-9])?$")  # a volume name of at most 36 bytes (virtio-fs)
 # useradd's default NAME_REGEX (Debian's adduser.conf is stricter still): lower case, at most 32
 LINUX_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 SHELL = "/bin/bash"
@@ -138,18 +144,80 @@ def has_disk(serial: str, sys_block: str = SYS_BLOCK) -> bool:
     return False
 
 
+def wait_for_disk(mount: str, serial: str, what: str, sys_block: str = SYS_BLOCK, runner: Runner = run,
+                  is_mount: Callable[[str], bool] = os.path.ismount) -> bool:
+    """When the VM has the disk of `serial`, `mount` must be that disk before it is used. fstab
+    mounts it `nofail` (a VM without it still boots), and systemd orders a nofail mount before
+    nothing: this asks systemd for the mount and waits for it (the device, a filesystem on a
+    blank disk, the mount). A failure ends the launcher, and the unit tries again. Whether the
+    disk is there."""
+    if is_mount(mount):
+        return True
+    if not has_disk(serial, sys_block):
+        return False
+    runner(["systemctl", "start", mount])  # (systemctl takes a path for its mount unit)
+    if not is_mount(mount):
+        raise LaunchError(f"the {what} is not mounted at {mount}: systemd started its mount unit "
+                          f"but nothing is mounted there (see `systemctl status {mount}`)")
+    return True
+
+
 def wait_for_workspace(homes: str = WORKSPACE_MOUNT, sys_block: str = SYS_BLOCK, runner: Runner = run,
                        is_mount: Callable[[str], bool] = os.path.ismount) -> None:
-    """When the VM has a workspace disk, `homes` must be that disk before a home is made or used.
-    fstab mounts it `nofail` (a VM without one still boots), and systemd orders a nofail mount
-    before nothing: this asks systemd for the mount and waits for it (the device, a filesystem on a
-    blank disk, the mount). A failure ends the launcher, and the unit tries again."""
-    if is_mount(homes) or not has_disk(WORKSPACE_DISK_SERIAL, sys_block):
-        return
-    runner(["systemctl", "start", homes])  # (systemctl takes a path for its mount unit)
-    if not is_mount(homes):
-        raise LaunchError(f"the workspace disk is not mounted at {homes}: systemd started its mount unit "
-                          f"but nothing is mounted there (see `systemctl status {homes}`)")
+    """The workspace disk on `homes` before a home is made or used (one made on the system disk
+    first would be hidden by the mount, and lost to the user)."""
+    wait_for_disk(homes, WORKSPACE_DISK_SERIAL, "workspace disk", sys_block, runner, is_mount)
+
+
+def prepare_scratch(scratch: str = SCRATCH_MOUNT, sys_block: str = SYS_BLOCK, runner: Runner = run,
+                    is_mount: Callable[[str], bool] = os.path.ismount) -> None:
+    """The scratch disk (blank at every start: fstab makes its filesystem) on `scratch`, open to
+    everyone with the sticky bit, as /tmp."""
+    if wait_for_disk(scratch, SCRATCH_DISK_SERIAL, "scratch disk", sys_block, runner, is_mount):
+        os.chmod(scratch, 0o1777)
+
+
+# ------------------------------------------------------------------------------------------ shared data
+
+def shared_data(env: dict[str, str]) -> list[dict]:
+    """The shared data entries of KUBEVIRT_SHARED_DATA (the spawner's JSON list of tag, path and
+    readOnly); an entry that is not one is an error, as the whole list is the hub's."""
+    try:
+        entries = json.loads(env.get(SHARED_DATA_ENV) or "[]")
+    except ValueError:
+        raise LaunchError(f"{SHARED_DATA_ENV} is not JSON") from None
+    if not isinstance(entries, list):
+        raise LaunchError(f"{SHARED_DATA_ENV} is not a list")
+    out = []
+    for entry in entries:
+        tag = entry.get("tag") if isinstance(entry, dict) else None
+        if not isinstance(tag, str) or not SHARE_TAG.match(tag):
+            raise LaunchError(f"{SHARED_DATA_ENV}: {entry!r} has no valid tag")
+        try:
+            path = check_mount_path(entry.get("path"))
+        except ValueError as err:
+            raise LaunchError(f"{SHARED_DATA_ENV}: {err}") from None
+        out.append({"tag": tag, "path": path, "readOnly": entry.get("readOnly") is True})
+    return out
+
+
+def mount_shared_data(entries: list[dict], runner: Runner = run,
+                      is_mount: Callable[[str], bool] = os.path.ismount) -> list[str]:
+    """Mount each virtiofs share at its path (once: a restart of the unit finds them mounted).
+    A share that cannot be mounted is reported and skipped: the machine starts without it rather
+    than not at all. The problems, one sentence each."""
+    problems = []
+    for entry in entries:
+        path = entry["path"]
+        if is_mount(path):
+            continue
+        options = "ro,nosuid,nodev" if entry["readOnly"] else "nosuid,nodev"
+        try:
+            os.makedirs(path, mode=0o755, exist_ok=True)
+            runner(["mount", "-t", "virtiofs", "-o", options, entry["tag"], path])
+        except (LaunchError, OSError) as err:
+            problems.append(f"the shared data {entry['tag']} is not mounted at {path}: {err}")
+    return problems
 
 
 # ---------------------------------------------------------------------------------------------- the user
@@ -281,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
         mount_env_disk(opts.device, opts.mount)
         env, args = read_env_disk(opts.mount)
         wait_for_workspace(opts.homes)
+        prepare_scratch()
+        shares = shared_data(env)
         account = ensure_user(linux_name(env["JUPYTERHUB_USER"]), opts.homes, groups=existing_groups([ADMIN_GROUP]))
         command = server_command(args, os.path.dirname(sys.executable))
     except LaunchError as err:
@@ -289,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     if opts.print:
         print(json.dumps({"user": account.pw_name, "home": account.pw_dir, "command": command}))
         return 0
+    for problem in mount_shared_data(shares):
+        print(f"kubevirt-workstation: {problem}", file=sys.stderr)
     try:
         keys.write_access(env, account.pw_name, group_id(keys.KEYS_GROUP))
     except OSError as err:  # (Jupyter starts all the same: SSH is the one thing missing)

@@ -8,8 +8,10 @@ from ..objects import field_value
 from ..quantity import format_bytes, parse_quantity
 from . import errors, rbac
 from .auth import User
+from .operators import feature_gates
 from .resources import BY_KIND, ResourceType
 
+VIRTIOFS_STORAGE_GATE = "EnableVirtioFsStorageVolumes"  # pkg/virt-config/featuregate/active.go
 RUN_STRATEGIES = ("Always", "Halted", "Manual", "RerunOnFailure", "Once", "WaitAsReceiver")
 SNAPSHOT_KINDS = ("VirtualMachineSnapshot", "VirtualMachineSnapshotContent", "VirtualMachineRestore")
 
@@ -53,11 +55,29 @@ def _vm(store, rt, obj, old, user):
                                          f'Cannot update vm running state until snapshot "{snapshotting}" completes'}])
     tspec = field_value(spec, "template.spec") or {}
     volumes = {v.get("name") for v in tspec.get("volumes") or []}
+    _check_filesystems(store, rt, name, tspec)
     for i, disk in enumerate(field_value(tspec, "domain.devices.disks") or []):
         if disk.get("name") not in volumes:
             raise errors.invalid(rt, name, [{
                 "field": f"spec.template.spec.domain.devices.disks[{i}].name",
                 "message": f"spec.template.spec.domain.devices.disks[{i}].name '{disk.get('name')}' not found."}])
+
+
+def _check_filesystems(store, rt, name: str, tspec: dict):
+    """virtiofs of a claim needs the EnableVirtioFsStorageVolumes gate (KubeVirt v1.9
+    pkg/virt-api/webhooks/validating-webhook/admitters/vmi-create-admitter.go,
+    validateFilesystemsWithVirtIOFSEnabled, which the VM admitter runs on the template too); a
+    filesystem without a volume of its name is not checked there."""
+    volumes = {v.get("name"): v for v in tspec.get("volumes") or []}
+    for fs in field_value(tspec, "domain.devices.filesystems") or []:
+        volume = volumes.get(fs.get("name"))
+        if volume is None:
+            continue
+        if ("persistentVolumeClaim" in volume or "dataVolume" in volume) and \
+                VIRTIOFS_STORAGE_GATE not in feature_gates(store):
+            raise errors.invalid(rt, name, [{"field": "spec.template.spec.domain.devices.filesystems",
+                                             "message": "virtiofs is not allowed: virtiofs feature gate is not "
+                                                        "enabled for PVC"}])
 
 
 CDI_MUTATING_WEBHOOK = "datavolume-mutate.cdi.kubevirt.io"

@@ -11,7 +11,7 @@ import logging
 import os
 import shutil
 
-from ..objects import WORKSPACE_DISK_SERIAL, WORKSPACE_MOUNT, field_value
+from ..objects import SCRATCH_DISK_SERIAL, SCRATCH_MOUNT, WORKSPACE_DISK_SERIAL, WORKSPACE_MOUNT, field_value
 from ..quantity import parse_quantity
 from . import errors
 from .admission import admit, check_quota, gpu_requests
@@ -23,13 +23,14 @@ from .guests import (
     first_boot,
     guest_arguments,
     guest_environment,
+    shared_data_mounts,
     write_logins,
     write_nvidia_smi,
     write_processes,
 )
 from .isos import config_disk, firmware_uuid, nocloud_disk
 from .launcher import POD, SCHEDULABLE_LABEL, Launchers, pod_ready
-from .machines import QemuGuest, machine_accelerator, new_machine, volume_image, workdir_for
+from .machines import QemuGuest, file_servers, machine_accelerator, new_machine, volume_image, workdir_for
 from .qemu import Disk
 from .resources import BY_KIND
 from .scheduler import node_ready, schedule
@@ -602,6 +603,7 @@ class Compute:
         elif root is not None:
             first_boot(root)
             self._mount_workspace(vmi, root)
+            self._mount_scratch(vmi, root)
             await self._start_guest(vmi, ip, root)
         self.c.vmi_queue.add(key, self.c.t("agent"))
 
@@ -632,6 +634,48 @@ class Compute:
         elif os.path.isdir(home):
             os.replace(home, home + ".under-mount")
         os.symlink(workspace, home)
+
+    def _mount_scratch(self, vmi: dict, root: str):
+        """What the golden image's fstab does with the emptyDisk of serial `scratch`: a blank
+        filesystem on /scratch at every boot (virt-launcher makes the disk anew for each VMI,
+        pkg/emptydisk). Here, a directory emptied at every start, linked at /scratch."""
+        link = os.path.join(root, SCRATCH_MOUNT.strip("/"))
+        if os.path.islink(link):
+            os.unlink(link)
+        if not self._has_empty_disk(vmi, SCRATCH_DISK_SERIAL):
+            return
+        scratch = os.path.join(self.c.state_dir, "ephemeral", f"{vmi['metadata']['namespace']}_{vmi['metadata']['name']}")
+        shutil.rmtree(scratch, ignore_errors=True)
+        os.makedirs(scratch)
+        os.chmod(scratch, 0o1777)  # (the launcher makes it everyone's, sticky, as /tmp)
+        if os.path.isdir(link):
+            shutil.rmtree(link)  # (only what the system disk had under the mount point)
+        os.symlink(scratch, link)
+
+    @staticmethod
+    def _has_empty_disk(vmi: dict, serial: str) -> bool:
+        empty = {v["name"] for v in field_value(vmi, "spec.volumes") or [] if "emptyDisk" in v}
+        return any(d.get("serial") == serial and d.get("name") in empty
+                   for d in field_value(vmi, "spec.domain.devices.disks") or [])
+
+    def shared_dirs(self, vmi: dict) -> dict[str, tuple[str, bool]]:
+        """Tag -> (directory, read-only) of each virtiofs filesystem of the VMI: the claim's files,
+        read-only when its volume says readOnly (virt-controller's rendervolumes.go mounts the claim
+        so in the launcher pod, and virtiofsd serves that mount)."""
+        ns = vmi["metadata"]["namespace"]
+        volumes = {v.get("name"): v for v in field_value(vmi, "spec.volumes") or []}
+        out = {}
+        for fs in field_value(vmi, "spec.domain.devices.filesystems") or []:
+            volume = volumes.get(fs.get("name")) or {}
+            claim = (volume.get("persistentVolumeClaim") or {}).get("claimName") or \
+                (volume.get("dataVolume") or {}).get("name")
+            pvc = self.store.get(PVC, ns, claim) if claim and "virtiofs" in fs else None
+            if pvc is None:
+                continue
+            directory = self.c.volume_dir(pvc)
+            os.makedirs(directory, exist_ok=True)
+            out[fs["name"]] = (directory, bool((volume.get("persistentVolumeClaim") or {}).get("readOnly")))
+        return out
 
     def root_dir(self, vmi: dict) -> str | None:
         """The directory of the first disk's volume: the machine's root filesystem."""
@@ -691,6 +735,7 @@ class Compute:
         guest = Guest(key, ip, root, guest_environment(datas), guest_arguments(datas),
                       os.path.join(self.c.state_dir, "guests", f"{key[0]}_{key[1]}.log"), self.c.guest_command)
         guest.uid = vmi["metadata"]["uid"]
+        guest.mounts = shared_data_mounts(guest.env, self.shared_dirs(vmi), root)
         self.guests[key] = guest
         clear_runtime(root)  # a boot: nothing of the last one's memory is there
         self.write_guest_facts(key)
@@ -734,12 +779,13 @@ class Compute:
         console = os.path.join(self.c.state_dir, "guests", f"{key[0]}_{key[1]}.console.log")
         accel = await asyncio.get_running_loop().run_in_executor(None, machine_accelerator, self.c.golden.probe_kernel)
         try:
-            machine = new_machine(key[1], vmi.get("spec") or {}, disks, ip, workdir, console, accel)
+            shares, servers = file_servers(self.shared_dirs(vmi), workdir)
+            machine = new_machine(key[1], vmi.get("spec") or {}, disks, ip, workdir, console, accel, shares)
         except (OSError, RuntimeError):
             shutil.rmtree(workdir, ignore_errors=True)
             raise
         guest = QemuGuest(key, machine, workdir, os.path.join(self.c.state_dir, "guests", f"{key[0]}_{key[1]}.log"),
-                          on_agent_change=lambda: self.c.vmi_queue.add(key))
+                          on_agent_change=lambda: self.c.vmi_queue.add(key), file_servers=servers)
         guest.uid = vmi["metadata"]["uid"]
         self.guests[key] = guest
         return guest
@@ -765,6 +811,10 @@ class Compute:
                 data = {k: v.encode() for k, v in (self.c.secret_data(secret) if secret else {}).items()}
                 path = config_disk(data, os.path.join(workdir, f"{disk['name']}.iso"),
                                    volume["secret"].get("volumeLabel") or "cfgdata")
+            elif "emptyDisk" in volume:  # (pkg/emptydisk: a blank image of its capacity, for this VMI only)
+                path = os.path.join(workdir, f"{disk['name']}.img")
+                with open(path, "wb") as image:
+                    image.truncate(int(parse_quantity(volume["emptyDisk"].get("capacity") or "1Mi")))
             elif "cloudInitNoCloud" in volume:
                 user_data, network_data = self._cloud_init(ns, volume["cloudInitNoCloud"])
                 path = nocloud_disk(os.path.join(workdir, "cloudinit.iso"), firmware_uuid(name), name,
@@ -843,7 +893,7 @@ class Compute:
                 await guest.start_null()
             else:
                 await guest.start_process()
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RuntimeError) as exc:  # (RuntimeError: a virtiofsd that did not listen)
             log.error("guest %s/%s could not start: %s", *key, exc)
             self._guest_exited(guest, 1)
             return

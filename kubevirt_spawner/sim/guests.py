@@ -21,6 +21,7 @@ import sys
 import time
 import uuid
 
+from ..objects import SHARED_DATA_ENV, check_mount_path
 from . import sshd as sim_sshd
 
 log = logging.getLogger(__name__)
@@ -242,6 +243,7 @@ class Guest:
         self.uid = ""  # of the VMI it runs for
         self.grace_override: int | None = None  # a shorter grace period asked for during the shutdown
         self.hurried = asyncio.Event()  # set when grace_override changes
+        self.mounts: list[tuple[str, str, bool]] = []  # (source, target, read-only) bind mounts: shared data
 
     async def start_process(self):
         user = self.env.get("JUPYTERHUB_USER") or "jovyan"
@@ -257,6 +259,8 @@ class Guest:
         cmd = list(self.command) if self.command else default_command(self.env) + list(self.args)
         cmd += [f"--ip={self.ip}", f"--port={JUPYTER_PORT}", f"--ServerApp.root_dir={self.root}",
                 "--ServerApp.open_browser=False"]
+        if self.mounts:
+            cmd = in_mount_namespace(self.mounts, cmd)
         if self.env.get("JUPYTERHUB_USER"):  # a workstation: its sshd, behind the guest's tunnel
             # (the account is the hub's name, as this guest's home is: the image's unit would make
             # guest.launch.linux_name of it, the same for every name a Linux account may have)
@@ -319,6 +323,47 @@ class Guest:
             self.null_server.close()
         elif self.proc is not None and self.proc.returncode is None:
             _signal_group(self.proc.pid, signal.SIGKILL)
+
+
+def shared_data_mounts(env: dict[str, str], shares: dict[str, tuple[str, bool]], root: str
+                       ) -> list[tuple[str, str, bool]]:
+    """What the golden image's launcher mounts (guest/launch.py, mount_shared_data): each entry
+    of KUBEVIRT_SHARED_DATA whose tag the machine serves, at its path under the machine's root;
+    read-only when virt-launcher serves it so (`shares`: tag -> (directory, read-only)) or the
+    entry asks. Entries it cannot use are left out, as the launcher logs and skips them."""
+    try:
+        entries = json.loads(env.get(SHARED_DATA_ENV) or "[]")
+    except ValueError:
+        return []
+    out = []
+    for entry in entries if isinstance(entries, list) else []:
+        try:
+            path = check_mount_path(entry.get("path"))
+        except (ValueError, AttributeError):
+            continue
+        if entry.get("tag") in shares:
+            source, read_only = shares[entry["tag"]]
+            out.append((source, os.path.join(root, path.lstrip("/")), read_only or bool(entry.get("readOnly"))))
+    return out
+
+
+def in_mount_namespace(mounts: list[tuple[str, str, bool]], cmd: list[str]) -> list[str]:
+    """`cmd` run in a mount namespace of its own where each source is bound on its target
+    (read-only ones remounted so: the kernel refuses writes, even root's), as virtiofsd serves a
+    claim to a real guest; nothing is mounted in the simulator's own namespace."""
+    script = ["set -e"]
+    for n, (_source, _target, read_only) in enumerate(mounts):
+        src, dst = f'"$KVS_MOUNT_SRC_{n}"', f'"$KVS_MOUNT_DST_{n}"'
+        script += [f"mkdir -p {dst}", f"mount --bind {src} {dst}"]
+        if read_only:
+            script.append(f"mount -o remount,bind,ro {dst}")
+    script.append("unset " + " ".join(f"KVS_MOUNT_SRC_{n} KVS_MOUNT_DST_{n}" for n in range(len(mounts))))
+    script.append('exec "$@"')
+    # (the paths travel as environment variables: nothing of them is parsed by the shell)
+    env_args = [f"KVS_MOUNT_{side}_{n}={path}" for n, (source, target, _) in enumerate(mounts)
+                for side, path in (("SRC", source), ("DST", target))]
+    return ["unshare", "--mount", "--propagation", "private", "--", "env", *env_args,
+            "sh", "-c", "\n".join(script), "sh", *cmd]
 
 
 def _signal_group(pid: int, sig):

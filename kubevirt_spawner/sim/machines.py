@@ -33,7 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..quantity import parse_quantity
-from .qemu import Agent, AgentError, Disk, Firmware, Machine, accelerator, command, ovmf_firmware, vmi_firmware
+from .guests import in_mount_namespace
+from .qemu import Agent, AgentError, Disk, Firmware, Machine, Share, accelerator, command, ovmf_firmware, vmi_firmware
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,10 @@ DISK_IMAGE = "disk.img"  # virt-launcher's name of a Filesystem PVC's image (hos
 AGENT_POLL_SECONDS = 10.0  # virt-handler's agent poller: sysInfo, users and filesystems
 AGENT_PROBE_SECONDS = 2.0  # how often a silent agent is tried again
 KILL_AFTER_TERM_SECONDS = 5.0
+VIRTIOFSD_LISTEN_SECONDS = 10.0
+# QEMU 7.2's virtiofsd (Debian's qemu-system-common); later Debian releases ship the Rust one
+# (package virtiofsd) in /usr/libexec. Both take the options used here.
+VIRTIOFSD_PATHS = ("/usr/libexec/virtiofsd", "/usr/lib/qemu/virtiofsd")
 # The ports forwarded when the interface lists none: masquerade then forwards every port, the
 # workstation uses these (Jupyter, SSH).
 DEFAULT_PORTS = (8888, 22)
@@ -121,8 +126,10 @@ class QemuGuest:
     """One VMI's QEMU process and its guest agent."""
 
     def __init__(self, key: tuple[str, str], machine: Machine, workdir: str, log_path: str,
-                 on_agent_change: Callable[[], None] = lambda: None):
+                 on_agent_change: Callable[[], None] = lambda: None, file_servers: list[list[str]] = ()):
         self.key = key
+        self.file_servers = list(file_servers)  # virtiofsd commands, one per share, started before QEMU
+        self.file_procs: list[asyncio.subprocess.Process] = []
         self.machine = machine
         self.workdir = workdir  # the machine's sockets and configuration disks; removed when it ends
         self.log_path = log_path
@@ -142,10 +149,32 @@ class QemuGuest:
     async def start(self):
         os.makedirs(os.path.dirname(self.log_path), exist_ok=True)
         with open(self.log_path, "ab") as out:
+            await self._serve_files(out)
             self.proc = await asyncio.create_subprocess_exec(*_ending_with_parent(command(self.machine)),
                                                              stdin=asyncio.subprocess.DEVNULL, stdout=out,
                                                              stderr=asyncio.subprocess.STDOUT, start_new_session=True)
         self._poller = asyncio.get_running_loop().create_task(self._poll_agent())
+
+    async def _serve_files(self, out):
+        """virtiofsd for each share, listening before QEMU connects to it (as virt-launcher's
+        virtiofs containers start before the domain); each ends when QEMU lets go of it."""
+        for cmd in self.file_servers:
+            self.file_procs.append(await asyncio.create_subprocess_exec(
+                *_ending_with_parent(cmd), stdin=asyncio.subprocess.DEVNULL, stdout=out,
+                stderr=asyncio.subprocess.STDOUT, start_new_session=True))
+        deadline = time.monotonic() + VIRTIOFSD_LISTEN_SECONDS
+        for share in self.machine.shares:
+            while not os.path.exists(share.socket):
+                if time.monotonic() > deadline or any(p.returncode is not None for p in self.file_procs):
+                    self._stop_file_servers()
+                    raise RuntimeError(f"virtiofsd did not serve the filesystem {share.tag} (see {self.log_path})")
+                await asyncio.sleep(0.05)
+
+    def _stop_file_servers(self):
+        for proc in self.file_procs:
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
 
     @property
     def alive(self) -> bool:
@@ -168,6 +197,7 @@ class QemuGuest:
         """The machine is off (or never started): its agent poller and working directory go."""
         if self._poller is not None:
             self._poller.cancel()
+        self._stop_file_servers()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     async def _poll_agent(self):
@@ -231,6 +261,7 @@ class QemuGuest:
     def kill(self):
         if self.alive:
             self._signal(signal.SIGKILL)
+        self._stop_file_servers()
 
     def _signal(self, sig):
         with contextlib.suppress(ProcessLookupError):
@@ -298,8 +329,28 @@ def machine_accelerator(kernel: str) -> str:
     return _accel[kernel]
 
 
+def file_servers(shares: dict[str, tuple[str, bool]], workdir: str) -> tuple[tuple[Share, ...], list[list[str]]]:
+    """The machine's virtiofs shares (tag -> (directory, read-only)) and the virtiofsd commands
+    that serve them. A read-only one is served from a read-only bind mount of the directory in a
+    mount namespace of its own: the launcher pod's readOnly mount, which the guest cannot undo."""
+    if not shares:
+        return (), []
+    virtiofsd = next((p for p in VIRTIOFSD_PATHS if os.access(p, os.X_OK)), None)
+    if virtiofsd is None:
+        raise RuntimeError(f"no virtiofsd ({' or '.join(VIRTIOFSD_PATHS)}): apt-get install qemu-system-x86")
+    machine_shares, commands = [], []
+    for tag, (directory, read_only) in sorted(shares.items()):
+        share = Share(tag, os.path.join(workdir, f"fs-{tag}.sock"))
+        served = os.path.join(workdir, f"fs-{tag}") if read_only else directory
+        cmd = [virtiofsd, f"--socket-path={share.socket}", "-o", f"source={served}", "-o", "sandbox=chroot",
+               "-o", "cache=auto"]
+        commands.append(in_mount_namespace([(directory, served, True)], cmd) if read_only else cmd)
+        machine_shares.append(share)
+    return tuple(machine_shares), commands
+
+
 def new_machine(name: str, spec: dict, disks: list[Disk], ip: str, workdir: str, console_log: str,
-                accel: str) -> Machine:
+                accel: str, shares: tuple[Share, ...] = ()) -> Machine:
     """The VMI's machine; with EFI, its own copy of OVMF's variable store in `workdir`."""
     domain = spec.get("domain") or {}
     efi, secure_boot = vmi_firmware(spec)
@@ -307,4 +358,4 @@ def new_machine(name: str, spec: dict, disks: list[Disk], ip: str, workdir: str,
     return Machine(name=name, cpus=vcpus(domain), memory_mib=memory_mib(domain), disks=tuple(disks),
                    forwards=tuple((ip, port, port) for port in forwarded_ports(spec)),
                    agent_socket=os.path.join(workdir, "agent.sock"), monitor_socket=os.path.join(workdir, "qmp.sock"),
-                   console_log=console_log, accel=accel, firmware=firmware)
+                   console_log=console_log, accel=accel, firmware=firmware, shares=shares)

@@ -29,6 +29,17 @@ KUBEVIRT_VERSION = "v1.9.0"
 KUBEVIRT_REGISTRY = "quay.io/kubevirt"
 KUBEVIRT_NAMESPACE = "kubevirt"
 KUBEVIRT_FINALIZER = "kubevirt.io/foregroundDeleteKubeVirt"
+
+
+def feature_gates(store) -> set[str]:
+    """The feature gates virt-api and virt-controller act on: those of the KubeVirt CR in effect
+    (the oldest in KubeVirt's namespace; pkg/virt-config/feature-gates.go reads
+    spec.configuration.developerConfiguration.featureGates). None without a KubeVirt CR."""
+    deployed = sorted((kv for kv in store.list(KUBEVIRT) if kv["metadata"]["namespace"] == KUBEVIRT_NAMESPACE),
+                      key=lambda kv: kv["metadata"]["creationTimestamp"])
+    if not deployed:
+        return set()
+    return set(field_value(deployed[0], "spec.configuration.developerConfiguration.featureGates") or [])
 CDI_VERSION = "v1.66.0"
 CDI_FINALIZER = "operator.cdi.kubevirt.io"
 CDI_CONFIG_NAME = "config"

@@ -77,6 +77,13 @@ class Disk:
 
 
 @dataclass(frozen=True)
+class Share:
+    """A virtiofs filesystem: `tag` in the guest, served by a virtiofsd listening on `socket`."""
+    tag: str
+    socket: str
+
+
+@dataclass(frozen=True)
 class Machine:
     name: str  # the VMI's name: the guest's DHCP hostname
     cpus: int
@@ -93,6 +100,7 @@ class Machine:
     # device, in the network namespace QEMU runs in, where a caller plays that side itself
     # (virt-launcher's DHCPv4 and DHCPv6 servers, a dual-stack or IPv6-only pod); no forwards.
     tap: str | None = None
+    shares: tuple[Share, ...] = ()
 
 
 def command(m: Machine, exe: str = "qemu-system-x86_64") -> list[str]:
@@ -107,6 +115,8 @@ def command(m: Machine, exe: str = "qemu-system-x86_64") -> list[str]:
             "-smp", f"{m.cpus},sockets={m.cpus},cores=1,threads=1", "-m", str(m.memory_mib),
             "-nodefaults", "-display", "none", "-no-user-config", "-boot", "strict=on",
             "-serial", f"file:{m.console_log}", "-qmp", f"unix:{m.monitor_socket},server=on,wait=off"]
+    if m.shares:  # vhost-user: virtiofsd reads and writes the guest's memory, which must be shared
+        args += ["-object", f"memory-backend-memfd,id=mem,size={m.memory_mib}M,share=on", "-numa", "node,memdev=mem"]
     if m.firmware.efi:
         if m.firmware.secure_boot:
             args += ["-global", "driver=cfi.pflash01,property=secure,value=on"]
@@ -133,6 +143,10 @@ def command(m: Machine, exe: str = "qemu-system-x86_64") -> list[str]:
         device = f"virtio-blk-pci,drive=disk{n},bus={port}" + (f",serial={disk.serial}" if disk.serial else "") + \
             (f",bootindex={disk.boot_order}" if disk.boot_order else "")
         args += ["-device", f"pcie-root-port,id={port},chassis={n + 3},bus=pcie.0", "-drive", drive, "-device", device]
+    for n, share in enumerate(m.shares, start=len(m.disks) + 3):
+        args += ["-device", f"pcie-root-port,id=rp{n},chassis={n},bus=pcie.0",
+                 "-chardev", f"socket,id=fs{n},path={share.socket}",
+                 "-device", f"vhost-user-fs-pci,chardev=fs{n},tag={share.tag},bus=rp{n}"]
     return args
 
 
