@@ -14,8 +14,17 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from .objects import (ARGS_KEY, check_mount_path, ENV_DISK_SERIAL, ROOT_DISK_SERIAL, SCRATCH_DISK_SERIAL, SHARED_DATA_ENV, USERDATA_KEY,
-                      WORKSPACE_DISK_SERIAL, merge_patch)
+from .objects import (
+    ARGS_KEY,
+    ENV_DISK_SERIAL,
+    ROOT_DISK_SERIAL,
+    SCRATCH_DISK_SERIAL,
+    SHARED_DATA_ENV,
+    USERDATA_KEY,
+    WORKSPACE_DISK_SERIAL,
+    check_mount_path,
+    merge_patch,
+)
 
 MANAGED_BY = "kubevirt-spawner"
 LABEL_PREFIX = "kubevirt-spawner.io/"
@@ -196,11 +205,44 @@ def _meta(ident: Identity, name: str, component: str, spec: MachineSpec | None =
             "annotations": {**identity_annotations(ident, spec), **extra}}
 
 
-def namespace(ident: Identity) -> dict:
+# apimachinery's qualified name (a label or annotation key) and label value
+_QUALIFIED_NAME = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                             r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+OWN_NAMESPACE_KEYS = ("app.kubernetes.io/managed-by", LABEL_PREFIX)  # the project's: never the admin's
+
+
+def namespace_metadata(what: str, items: dict, user_slug: str, labels: bool) -> dict[str, str]:
+    """An admin's namespace labels or annotations with {user} (the user's slug) filled in, or
+    ValueError with a sentence naming the setting and the entry."""
+    out = {}
+    for key, template in items.items():
+        if not isinstance(key, str) or len(key) > 316 or not _QUALIFIED_NAME.match(key) \
+                or (key.split("/")[0] if "/" in key else "") in ("kubernetes.io", "k8s.io"):
+            raise ValueError(f"{what}: {key!r} is not a key of one's own (prefix/name, outside kubernetes.io)")
+        if key == OWN_NAMESPACE_KEYS[0] or key.startswith(OWN_NAMESPACE_KEYS[1]):
+            raise ValueError(f"{what}: {key} is kubevirt-spawner's own")
+        try:
+            value = str(template).format(user=user_slug)
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"{what}: {key} = {template!r} is not a template of {{user}} only: {exc}") from None
+        if labels and not _LABEL_VALUE.match(value):
+            raise ValueError(f"{what}: {key} = {template!r} gives {value!r}, which is not a label value (at most "
+                             "63 letters, digits, '-', '_' and '.')")
+        out[key] = value
+    return out
+
+
+def namespace(ident: Identity, extra_labels: dict | None = None, extra_annotations: dict | None = None) -> dict:
+    """A user's namespace, with the admin's labels and annotations ({user} filled in) beside the
+    project's own, which win."""
+    labels = namespace_metadata("namespace_labels", extra_labels or {}, ident.user_slug, labels=True)
+    annotations = namespace_metadata("namespace_annotations", extra_annotations or {}, ident.user_slug,
+                                     labels=False)
+    labels.update({"app.kubernetes.io/managed-by": MANAGED_BY, LABEL_USER: ident.user_slug})
+    annotations[ANNOTATION_USERNAME] = ident.user
     return {"apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": ident.namespace,
-                         "labels": {"app.kubernetes.io/managed-by": MANAGED_BY, LABEL_USER: ident.user_slug},
-                         "annotations": {ANNOTATION_USERNAME: ident.user}}}
+            "metadata": {"name": ident.namespace, "labels": labels, "annotations": annotations}}
 
 
 # What the hub may do inside a user's namespace is the ClusterRole HUB_NAMESPACED_ROLE of

@@ -119,6 +119,15 @@ class KubeVirtSpawner(Spawner):
         proxy: [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": HUB_NAMESPACE}},
         "podSelector": {"matchExpressions": [{"key": "component", "operator": "In", "values":
         ["hub", "proxy"]}]}}].""")
+    namespace_labels = Dict(value_trait=Unicode(), config=True, help="""
+        Labels of each namespace the hub makes (KubeSpawner's user_namespace_labels), given when it
+        is made; `{user}` in a value is the user's name as a safe slug. The admission policy lets
+        the hub give those whose keys deploy/settings.env's NAMESPACE_EXTRA_LABEL_PREFIXES lists
+        (a namespace's labels decide which NetworkPolicies admit its machines elsewhere).""")
+    namespace_annotations = Dict(value_trait=Unicode(), config=True, help="""
+        Annotations of each namespace the hub makes (KubeSpawner's user_namespace_annotations),
+        `{user}` filled in as in namespace_labels; the policy's NAMESPACE_EXTRA_ANNOTATION_PREFIXES
+        lists the keys allowed.""")
     namespace_resource_quota = Dict(value_trait=Unicode(), config=True, help="""
         The `hard` limits of a ResourceQuota `kubevirt-spawner` the hub makes in each namespace it
         makes, e.g. {"requests.cpu": "16", "requests.memory": "128Gi", "requests.storage": "1Ti",
@@ -235,6 +244,16 @@ class KubeVirtSpawner(Spawner):
         if not re.match(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", value or ""):
             raise TraitError(f"KubeVirtSpawner.golden_image = {value!r}: give the golden image PVC as namespace/name")
         return value
+
+    @validate("namespace_labels", "namespace_annotations")
+    def _check_namespace_metadata(self, proposal):
+        name = proposal["trait"].name
+        try:  # (the longest slug a user may have: a label value must still fit)
+            m.namespace_metadata(f"KubeVirtSpawner.{name}", proposal["value"], "u" * names.USER_SLUG_MAX,
+                                 labels=name == "namespace_labels")
+        except ValueError as exc:
+            raise TraitError(str(exc)) from None
+        return proposal["value"]
 
     @validate("shared_data")
     def _check_shared_data(self, proposal):
@@ -485,7 +504,9 @@ class KubeVirtSpawner(Spawner):
                             clone_gate=shared["gate"],
                             network_policy_from=tuple(self.network_policy_ingress_from),
                             namespace_quota=dict(self.namespace_resource_quota),
-                            namespace_limits=tuple(self.namespace_limit_range))
+                            namespace_limits=tuple(self.namespace_limit_range),
+                            namespace_labels=dict(self.namespace_labels),
+                            namespace_annotations=dict(self.namespace_annotations))
         self._current = Workstation(shared["kube"], caches, self._ident, spec or self._machine_spec(None), settings,
                                     self.log, vm_hook=self._modify_vm if self.modify_vm_hook is not None else None)
         return self._current

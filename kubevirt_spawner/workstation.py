@@ -107,6 +107,8 @@ class Settings:
     network_policy_from: tuple = ()
     namespace_quota: dict = field(default_factory=dict)
     namespace_limits: tuple = ()
+    namespace_labels: dict = field(default_factory=dict)  # the admin's, {user} filled in at creation
+    namespace_annotations: dict = field(default_factory=dict)
 
 
 # One task per workstation and operation kind, so concurrent starts act once; with its number of
@@ -386,7 +388,9 @@ class Workstation:
         made, changed or deleted here."""
         for share in self.spec.shared_data:
             where = f"{self.ident.namespace}/{share.claim}"
-            pvc = await self.kube.get(k.PVC, self.ident.namespace, share.claim)
+            # (a list by name: the hub lists and watches claims, and may not get one)
+            found = await self.kube.list(k.PVC, self.ident.namespace, field_selector=f"metadata.name={share.claim}")
+            pvc = next(iter(found.get("items") or []), None)
             if pvc is None:
                 raise WorkstationError(
                     f"The shared data volume {where} that your workstation mounts at {share.path} does not exist, "
@@ -457,7 +461,8 @@ class Workstation:
         """Create the namespace when missing. A hub may be allowed to use namespaces made for it but
         not to create any: the refusal is returned, and matters only if the namespace is missing."""
         try:
-            await self.kube.create(k.NAMESPACE, m.namespace(self.ident))
+            await self.kube.create(k.NAMESPACE, m.namespace(self.ident, self.settings.namespace_labels,
+                                                            self.settings.namespace_annotations))
             self._namespace_made_at = time.monotonic()
             self.log.info("created Namespace %s", self.ident.namespace)
         except k.KubeError as err:

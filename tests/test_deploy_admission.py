@@ -524,3 +524,26 @@ def test_the_hub_binds_itself_only_in_users_namespaces_and_changes_no_binding(po
     wider["subjects"].append({"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": "system:authenticated"})
     for verdict in (update(policy, own, wider), update(policy, own, own), delete(policy, own)):
         assert not verdict.allowed and "change no binding" in verdict.message
+
+
+def test_a_namespace_of_the_hub_has_the_sites_labels_only_once_listed(tmp_path, policy):
+    """Issue 26: namespace_labels and namespace_annotations (KubeSpawner's user_namespace_labels).
+    A namespace's labels decide which NetworkPolicies elsewhere admit its machines (their
+    namespaceSelector) and its pod-security level: the policy refuses the site's until
+    deploy/settings.env lists their prefixes, and a pod-security label unless listed too."""
+    labelled = m.namespace(IDENT, {"example.com/team": "physics-{user}"}, {"example.com/owner": "{user}"})
+    assert labelled["metadata"]["labels"]["example.com/team"] == f"physics-{IDENT.user_slug}"
+    assert create(policy, m.namespace(IDENT)) == Verdict(True, True)
+    verdict = create(policy, labelled)
+    assert not verdict.allowed and "labels of kubevirt-spawner.io/, app.kubernetes.io/managed-by and " \
+        "NAMESPACE_EXTRA_LABEL_PREFIXES [] only" in verdict.message
+    privileged = m.namespace(IDENT, {"pod-security.kubernetes.io/enforce": "privileged"})
+    assert not create(policy, privileged).allowed
+    settings = tmp_path / "site.env"
+    text = (REPO / "deploy" / "settings.env").read_text()
+    for name in ("NAMESPACE_EXTRA_LABEL_PREFIXES", "NAMESPACE_EXTRA_ANNOTATION_PREFIXES"):
+        text = text.replace(f'{name}=""', f'{name}="example.com/"')
+    settings.write_text(text)
+    listed = rendered_policy(tmp_path / "out", settings)
+    assert create(listed, labelled) == Verdict(True, True)
+    assert not create(listed, privileged).allowed

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import stat
 
 import pytest
@@ -255,6 +256,7 @@ def test_print_shows_the_account_and_command(tmp_path, monkeypatch, capsys):
         (tmp_path / name).write_text(value)
     monkeypatch.setattr(launch, "mount_env_disk", lambda device, target: None)
     monkeypatch.setattr(launch, "wait_for_workspace", lambda homes: None)
+    monkeypatch.setattr(launch, "prepare_scratch", lambda: None)
     monkeypatch.setattr(launch, "ensure_user", lambda name, homes, groups=(): account(name, 1000, f"{homes}/{name}"))
     assert launch.main(["--mount", str(tmp_path), "--print"]) == 0
     shown = json.loads(capsys.readouterr().out)
@@ -263,3 +265,57 @@ def test_print_shows_the_account_and_command(tmp_path, monkeypatch, capsys):
     (tmp_path / "JUPYTERHUB_API_TOKEN").unlink()
     assert launch.main(["--mount", str(tmp_path), "--print"]) == 1
     assert "kubevirt-workstation: the env disk" in capsys.readouterr().err
+
+
+def test_a_scratch_disk_is_on_scratch_open_to_everyone(tmp_path):
+    """The scratch disk (serial `scratch`, an emptyDisk the image's fstab formats at every boot) is
+    waited for as the workspace disk is, and opened like /tmp: everyone, sticky."""
+    sys_block, scratch = tmp_path / "block", tmp_path / "scratch"
+    (sys_block / "vdb").mkdir(parents=True)
+    scratch.mkdir(mode=0o755)
+    commands = []
+    launch.prepare_scratch(str(scratch), str(sys_block), commands.append, lambda path: False)
+    assert commands == [] and (scratch.stat().st_mode & 0o7777) == 0o755  # no scratch disk: nothing
+    (sys_block / "vdb" / "serial").write_text("scratch\n")
+    mounted = set()
+    launch.prepare_scratch(str(scratch), str(sys_block), lambda c: (commands.append(c), mounted.add(c[-1])),
+                           lambda path: path in mounted)
+    assert commands == [["systemctl", "start", str(scratch)]] and (scratch.stat().st_mode & 0o7777) == 0o1777
+    with pytest.raises(LaunchError, match="scratch disk is not mounted at"):
+        launch.prepare_scratch(str(tmp_path / "other"), str(sys_block), lambda c: None, lambda path: False)
+
+
+def test_shared_data_is_mounted_by_tag_at_its_path(tmp_path):
+    """KUBEVIRT_SHARED_DATA (the spawner's) gives each virtiofs tag its path; each is mounted
+    `mount -t virtiofs TAG PATH` (the tag is KubeVirt's filesystem name: pkg/virt-launcher/virtwrap/
+    converter), ro when asked (the launcher pod's readOnly mount refuses writes anyway). One that
+    fails is reported and the rest go on; a list that is not the spawner's is refused whole."""
+    data = tmp_path / "data"
+    env = {"KUBEVIRT_SHARED_DATA": json.dumps([
+        {"tag": "datasets", "path": f"/srv/{data.name}/datasets", "readOnly": True},
+        {"tag": "team", "path": "/srv/team", "readOnly": False}])}
+    entries = launch.shared_data(env)
+    assert entries == [{"tag": "datasets", "path": "/srv/data/datasets", "readOnly": True},
+                       {"tag": "team", "path": "/srv/team", "readOnly": False}]
+    assert launch.shared_data({}) == []
+    for entry in entries:  # (here, under tmp_path)
+        entry["path"] = str(tmp_path) + entry["path"]
+    commands = []
+
+    def mount(command):
+        commands.append(command)
+        if command[-2] == "team":
+            raise LaunchError("mount failed (32): wrong fs type")
+
+    problems = launch.mount_shared_data(entries, mount, lambda path: False)
+    assert commands == [["mount", "-t", "virtiofs", "-o", "ro,nosuid,nodev", "datasets", entries[0]["path"]],
+                        ["mount", "-t", "virtiofs", "-o", "nosuid,nodev", "team", entries[1]["path"]]]
+    assert os.path.isdir(entries[0]["path"])
+    assert problems == [f"the shared data team is not mounted at {entries[1]['path']}: mount failed (32): wrong fs type"]
+    assert launch.mount_shared_data(entries, mount, lambda path: True) == [] and len(commands) == 2  # (mounted)
+    for bad, says in (("{", "not JSON"), ('{"tag": "x"}', "not a list"),
+                      ('[{"tag": "../x", "path": "/data/x"}]', "has no valid tag"),
+                      ('[{"tag": "x", "path": "/etc/ssh"}]', "inside /etc"),
+                      ('[{"tag": "x", "path": "/data/../etc"}]', "is not a mount point")):
+        with pytest.raises(LaunchError, match=re.escape(says)):
+            launch.shared_data({"KUBEVIRT_SHARED_DATA": bad})

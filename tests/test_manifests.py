@@ -3,6 +3,7 @@
 import base64
 import dataclasses
 import json
+import re
 
 import pytest
 import yaml
@@ -168,3 +169,53 @@ def test_an_admins_extra_specs_and_priority_class_merge_into_the_vm():
     assert template["metadata"]["annotations"].keys() > {"example.com/note"}  # the hub's kept
     assert vm["spec"]["runStrategy"] == "Halted"
     assert m.virtual_machine(IDENT, GPU_SPEC) == m.virtual_machine(IDENT, dataclasses.replace(GPU_SPEC))
+
+
+SHARED = m.shared_data([{"claim": "datasets", "mount_path": "/data/datasets", "read_only": True},
+                        {"name": "team", "claim": "physics-team-share", "mount_path": "/data/team"}])
+
+
+def test_shared_data_and_scratch_in_the_vm(schemas):
+    """Issue 26. A share is a virtiofs filesystem and a claim volume of one name (KubeVirt v1.9
+    api/core/v1/schema.go: Filesystem{Name, Virtiofs}; the name is the guest's mount tag), read-only
+    through the claim volume's readOnly (pkg/virt-controller/services/rendervolumes.go); the
+    scratch disk an emptyDisk of its capacity with the serial the image's fstab mounts."""
+    spec = dataclasses.replace(GPU_SPEC, shared_data=SHARED, scratch_disk_size="200Gi")
+    vm = m.virtual_machine(IDENT, spec)
+    tspec = vm["spec"]["template"]["spec"]
+    assert tspec["domain"]["devices"]["filesystems"] == [{"name": "datasets", "virtiofs": {}},
+                                                         {"name": "team", "virtiofs": {}}]
+    volumes = {v["name"]: v for v in tspec["volumes"]}
+    assert volumes["datasets"] == {"name": "datasets", "persistentVolumeClaim": {"claimName": "datasets",
+                                                                                "readOnly": True}}
+    assert volumes["team"] == {"name": "team", "persistentVolumeClaim": {"claimName": "physics-team-share"}}
+    assert volumes["scratch"] == {"name": "scratch", "emptyDisk": {"capacity": "200Gi"}}
+    assert {"name": "scratch", "serial": "scratch", "disk": {"bus": "virtio"}} in tspec["domain"]["devices"]["disks"]
+    schema = schemas.for_kind("VirtualMachine")
+    assert schema.errors(vm) == [] and schema.unknown_fields(vm) == []
+    assert json.loads(m.guest_env(spec)["KUBEVIRT_SHARED_DATA"]) == [
+        {"tag": "datasets", "path": "/data/datasets", "readOnly": True},
+        {"tag": "team", "path": "/data/team", "readOnly": False}]
+    assert m.guest_env(m.MachineSpec(ssh_enabled=False)) == {"KUBEVIRT_SSH_ENABLED": "0"}
+    plain = m.virtual_machine(IDENT, GPU_SPEC)["spec"]["template"]["spec"]
+    assert "filesystems" not in plain["domain"]["devices"] and "scratch" not in {v["name"] for v in plain["volumes"]}
+
+
+@pytest.mark.parametrize("items,says", [
+    ([{"claim": "datasets"}], "is not a mount point"),
+    ([{"claim": "datasets", "mount_path": "/usr/share/data"}], "inside /usr"),
+    ([{"claim": "datasets", "mount_path": "/home/data"}], "inside /home"),
+    ([{"claim": "datasets", "mount_path": "data"}], "is not a mount point"),
+    ([{"claim": "Data_Sets", "mount_path": "/data"}], "claim must be the name of a PersistentVolumeClaim"),
+    ([{"claim": "a" * 40, "mount_path": "/data"}], "at most 36"),
+    ([{"claim": "rootdisk", "mount_path": "/data"}], "one of the workstation's own volumes"),
+    ([{"claim": "datasets", "mount_path": "/data", "read_only": "yes"}], "read_only is true or false"),
+    ([{"claim": "datasets", "mount_path": "/data", "readOnly": True}], "unknown keys readOnly"),
+    ([{"claim": "a", "mount_path": "/data"}, {"claim": "b", "mount_path": "/data/b"}], "overlap"),
+    ([{"claim": "a", "mount_path": "/data/a"}, {"claim": "b", "name": "a", "mount_path": "/data/b"}],
+     "two shared data entries are named a"),
+    (["datasets"], "is not a dict"),
+])
+def test_shared_data_that_cannot_be_is_refused_with_a_sentence(items, says):
+    with pytest.raises(ValueError, match=re.escape(says)):
+        m.shared_data(items)

@@ -9,6 +9,7 @@ import pytest
 from traitlets import TraitError
 from traitlets.config import Config
 
+from kubevirt_spawner import manifests as m
 from kubevirt_spawner import profiles as prof
 from kubevirt_spawner.objects import merge_patch
 from kubevirt_spawner.spawner import KubeVirtSpawner
@@ -471,3 +472,42 @@ async def test_the_service_never_falls_back_to_another_profile():
 
 async def _spec_of(spec, for_start=False):
     return spec
+
+
+def test_shared_data_and_scratch_are_settings_a_profile_may_change():
+    """Issue 26: c.KubeVirtSpawner.shared_data and scratch_disk_size, checked when set, replaced
+    by a profile's override (a list replaces: a profile names all its shares)."""
+    from kubevirt_spawner.workstation import WorkstationError
+    c = Config()
+    c.KubeVirtSpawner.shared_data = [{"claim": "datasets", "mount_path": "/data/datasets", "read_only": True}]
+    c.KubeVirtSpawner.scratch_disk_size = "100Gi"
+    spawner = KubeVirtSpawner(config=c)
+    plain = spawner._machine_spec(None)
+    assert plain.shared_data == (m.SharedData("datasets", "datasets", "/data/datasets", True),)
+    assert plain.scratch_disk_size == "100Gi"
+    team = {"slug": "team", "kubevirt_override": {"scratch_disk_size": "", "shared_data": [
+        {"name": "team", "claim": "physics-share", "mount_path": "/data/team"}]}}
+    spec = spawner._machine_spec(team)
+    assert spec.shared_data == (m.SharedData("team", "physics-share", "/data/team", False),)
+    assert spec.scratch_disk_size is None
+    bad = {"slug": "odd", "kubevirt_override": {"shared_data": [{"claim": "x", "mount_path": "/etc/x"}]}}
+    with pytest.raises(WorkstationError, match="Profile 'odd' has an invalid shared_data.*inside /etc"):
+        spawner._machine_spec(bad)
+    with pytest.raises(TraitError, match="KubeVirtSpawner.shared_data: .*inside /usr"):
+        KubeVirtSpawner(config=Config()).shared_data = [{"claim": "x", "mount_path": "/usr/x"}]
+    with pytest.raises(TraitError, match="scratch_disk_size = 'big' is not a Kubernetes quantity"):
+        KubeVirtSpawner(config=Config()).scratch_disk_size = "big"
+
+
+@pytest.mark.parametrize("setting,value,message", [
+    ("namespace_labels", {"example.com/team": "{username}"}, "not a template of {user} only"),
+    ("namespace_labels", {"example.com/team": "a b"}, "not a label value"),
+    ("namespace_labels", {"example.com/team": "x" * 40 + "-{user}"}, "not a label value"),
+    ("namespace_labels", {"kubevirt-spawner.io/user": "x"}, "kubevirt-spawner's own"),
+    ("namespace_labels", {"kubernetes.io/metadata.name": "x"}, "not a key of one's own"),
+    ("namespace_annotations", {"bad key!": "x"}, "not a key of one's own"),
+])
+def test_namespace_labels_and_annotations_are_checked_when_set(setting, value, message):
+    with pytest.raises(TraitError, match=f"KubeVirtSpawner.{setting}: .*" + re.escape(message)):
+        setattr(KubeVirtSpawner(config=Config()), setting, value)
+    KubeVirtSpawner(config=Config()).namespace_annotations = {"example.com/note": "owned by {user}, ask first"}

@@ -922,13 +922,12 @@ def test_shared_data_and_scratch_as_kubevirt_serves_them(custom, core, ns, sim):
     custom.create_namespaced_custom_object(*KV, "kubevirt", "kubevirts", kubevirt)
     try:
         custom.create_namespaced_custom_object(*KV, ns, "virtualmachines", machine)
-        url = None
         for boot in (1, 2):
             assert action(sim, ns, "sd", "start").status_code == 202
             wait_for(lambda: vm_status(custom, ns, "sd") == "Running", what="running")
             vmi = get(custom, KV, ns, "virtualmachineinstances", "sd")
             url = f"http://{vmi['status']['interfaces'][0]['ipAddress']}:8888/api/contents/"
-            wait_for(lambda: answers(url), timeout=60, interval=0.3, what="jupyter")
+            wait_for(lambda u=url: answers(u), timeout=60, interval=0.3, what="jupyter")
             assert requests.get(url + "scratch").json()["content"] == [], f"boot {boot}: /scratch is blank"
             assert requests.put(url + "scratch/tmp.bin", json={"type": "file", "format": "text",
                                                                 "content": "x"}).status_code == 201

@@ -180,3 +180,46 @@ def test_a_volume_holding_a_disk_image_is_cloned_sparse(tmp_path):
     assert image.st_size == 1024 * 1024 * 1024 and image.st_blocks * 512 < 1024 * 1024
     assert (tmp_path / "clone" / "disk.img").read_bytes()[:4] == b"boot"
     assert (tmp_path / "clone" / "notes.txt").read_text() == "not an image"
+
+
+def test_a_virtiofs_share_is_served_by_virtiofsd_that_qemu_connects_to(tmp_path):
+    """Issue 26. virt-launcher's domain for a virtiofs filesystem: a vhost-user-fs device of the
+    filesystem's name as its tag, on memory the daemon shares (kubevirt v1.9 pkg/virt-launcher/
+    virtwrap/converter/storage/virtiofs.go: Driver type virtiofs, MemoryBacking access shared). A
+    read-only one is served from a read-only bind mount (the launcher pod's readOnly mount).
+    Here QEMU starts with it, connects to virtiofsd, and virtiofsd ends when QEMU does."""
+    import subprocess
+    import time
+
+    from kubevirt_spawner.sim.machines import file_servers
+    data = tmp_path / "datasets"
+    data.mkdir()
+    workdir = str(tmp_path)
+    shares, commands = file_servers({"datasets": (str(data), True)}, workdir)
+    assert shares == (qemu.Share("datasets", os.path.join(workdir, "fs-datasets.sock")),)
+    assert commands[0][:5] == ["unshare", "--mount", "--propagation", "private", "--"]
+    assert f"source={tmp_path}/fs-datasets" in commands[0] and "sandbox=chroot" in commands[0]
+    args = qemu.command(machine(disks=(), forwards=(), memory_mib=256, shares=shares,
+                                agent_socket=str(tmp_path / "qga.sock"), monitor_socket=str(tmp_path / "qmp.sock"),
+                                console_log=str(tmp_path / "console.log")))
+    line = " ".join(args)
+    assert "-object memory-backend-memfd,id=mem,size=256M,share=on -numa node,memdev=mem" in line
+    assert "vhost-user-fs-pci,chardev=fs3,tag=datasets,bus=rp3" in line
+    log = open(tmp_path / "virtiofsd.log", "w")
+    server = subprocess.Popen(commands[0], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not os.path.exists(shares[0].socket) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        vm = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(2)
+        assert vm.poll() is None, vm.stderr.read().decode()
+        vm.terminate()
+        vm.wait(10)
+        assert server.wait(10) == 0
+        said = (tmp_path / "virtiofsd.log").read_text()
+        assert "Received vhost-user socket connection" in said, said
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, 9)
+    assert not os.path.ismount(tmp_path / "fs-datasets")  # (the mount was virtiofsd's own)

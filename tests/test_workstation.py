@@ -1521,3 +1521,65 @@ async def test_a_halt_that_fails_after_a_stop_is_tried_again_until_it_lands(env,
     for shared in spawner_module._shared.values():
         shared["caches"].stop()
     await forget_shared()
+
+
+KUBEVIRT_CR = k.Kind("KubeVirt", "kubevirt.io", "v1", "kubevirts")
+
+
+async def test_shared_data_needs_its_gate_and_its_claim_before_anything_is_made(env):
+    """Issue 26. A VM with virtiofs of a claim is refused by KubeVirt without the
+    EnableVirtioFsStorageVolumes gate (v1.9 vmi-create-admitter.go,
+    validateFilesystemsWithVirtIOFSEnabled, run on a VM's template too): the dry run says so and
+    nothing is made. A missing or Block claim fails the start with a sentence, before any disk is
+    made; the claims are the admin's and stay as they are. With both, the VM mounts them and has its
+    scratch disk."""
+    spec = m.MachineSpec(scratch_disk_size="5Gi", shared_data=m.shared_data(
+        [{"claim": "datasets", "mount_path": "/data/datasets", "read_only": True}]))
+    empty = {"VirtualMachine": [], "DataVolume": [], "PersistentVolumeClaim": []}
+    with user_error("vm-spec", "virtiofs is not allowed: virtiofs feature gate is not enabled for PVC"):
+        await workstation(env, "sam", spec).start({}, [])
+    assert await objects_in(env, "notebook-sam") == empty
+    await env.admin.create(KUBEVIRT_CR, {"apiVersion": "kubevirt.io/v1", "kind": "KubeVirt", "metadata": {
+        "name": "kubevirt", "namespace": "kubevirt"}, "spec": {"configuration": {"developerConfiguration": {
+            "featureGates": ["EnableVirtioFsStorageVolumes"]}}}})
+    try:
+        with user_error("shared-data", "The shared data volume notebook-sam/datasets that your workstation mounts "
+                                       "at /data/datasets does not exist, so nothing was started"):
+            await workstation(env, "sam", spec).start({}, [])
+        assert await objects_in(env, "notebook-sam") == empty
+        claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                 "metadata": {"name": "datasets", "namespace": "notebook-sam"},
+                 "spec": {"accessModes": ["ReadOnlyMany"], "volumeMode": "Block",
+                          "resources": {"requests": {"storage": "1Gi"}}}}
+        await env.admin.create(k.PVC, claim)
+        with user_error("shared-data", "is a block device, not a filesystem"):
+            await workstation(env, "sam", spec).start({}, [])
+        assert await objects_in(env, "notebook-sam") == {**empty, "PersistentVolumeClaim": ["datasets"]}
+        await env.admin.delete(k.PVC, "notebook-sam", "datasets")
+        claim["spec"]["volumeMode"] = "Filesystem"
+        while await env.admin.get(k.PVC, "notebook-sam", "datasets") is not None:
+            await asyncio.sleep(0.05)
+        await env.admin.create(k.PVC, claim)
+        ws = workstation(env, "sam", spec)
+        await ws.start({}, [])
+        tspec = ws.vm["spec"]["template"]["spec"]
+        assert tspec["domain"]["devices"]["filesystems"] == [{"name": "datasets", "virtiofs": {}}]
+        assert {"name": "scratch", "emptyDisk": {"capacity": "5Gi"}} in tspec["volumes"]
+        await ws.stop()
+        assert (await env.admin.get(k.PVC, "notebook-sam", "datasets"))["metadata"].get("labels") is None
+    finally:
+        await env.admin.delete(KUBEVIRT_CR, "kubevirt", "kubevirt")
+
+
+async def test_a_new_namespace_gets_the_admins_labels_and_annotations(env):
+    """Issue 26: namespace_labels and namespace_annotations (KubeSpawner's user_namespace_labels
+    and user_namespace_annotations), {user} filled in with the user's slug, given when the hub
+    makes the namespace; the project's own labels win."""
+    ws = workstation(env, "nadia", namespace_labels={"example.com/team": "team-{user}"},
+                     namespace_annotations={"example.com/owner": "{user}@example.com"})
+    await ws.start({}, [])
+    made = await env.admin.get(k.NAMESPACE, None, "notebook-nadia")
+    assert made["metadata"]["labels"]["example.com/team"] == "team-nadia"
+    assert made["metadata"]["labels"]["app.kubernetes.io/managed-by"] == m.MANAGED_BY
+    assert made["metadata"]["annotations"]["example.com/owner"] == "nadia@example.com"
+    await ws.stop()

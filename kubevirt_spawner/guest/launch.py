@@ -40,8 +40,17 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 
-from ..objects import (ARGS_KEY, ENV_DISK_SERIAL, SCRATCH_DISK_SERIAL, SCRATCH_MOUNT, SHARED_DATA_ENV, USERDATA_KEY,
-                       WORKSPACE_DISK_SERIAL, WORKSPACE_MOUNT, check_mount_path)
+from ..objects import (
+    ARGS_KEY,
+    ENV_DISK_SERIAL,
+    SCRATCH_DISK_SERIAL,
+    SCRATCH_MOUNT,
+    SHARED_DATA_ENV,
+    USERDATA_KEY,
+    WORKSPACE_DISK_SERIAL,
+    WORKSPACE_MOUNT,
+    check_mount_path,
+)
 from . import keys
 
 ENV_DEVICE = f"/dev/disk/by-id/virtio-{ENV_DISK_SERIAL}"  # systemd's 60-persistent-storage.rules

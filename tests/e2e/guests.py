@@ -27,8 +27,11 @@ c.KubeVirtSpawner.http_timeout = {BOOT_TIMEOUT - 60}
 c.KubeVirtSpawner.profile_list = [
     {{"display_name": "Test machine: 2 CPUs, 2 GiB", "slug": "small", "default": True,
       "kubevirt_override": {{"cpu_guarantee": 2, "mem_guarantee": "2G"}}}},
-    {{"display_name": "Test machine booting through EFI", "slug": "efi",
-      "kubevirt_override": {{"cpu_guarantee": 2, "mem_guarantee": "2G", "firmware": "efi"}}}},
+    {{"display_name": "Test machine booting through EFI, with shared data and scratch", "slug": "efi",
+      "kubevirt_override": {{"cpu_guarantee": 2, "mem_guarantee": "2G", "firmware": "efi",
+                            "scratch_disk_size": "1Gi",
+                            "shared_data": [{{"claim": "datasets", "mount_path": "/data/datasets",
+                                              "read_only": True}}]}}}},
 ]
 """
 
@@ -69,10 +72,12 @@ def holds(path: Path, secret: bytes) -> bool:
 
 
 def volume_images(cluster: Cluster, ns: str) -> dict[str, Path]:
-    """The disk image of each of the namespace's claims, by claim name."""
+    """The disk image of each of the namespace's claims that holds one (a share's claim holds
+    files: virtiofs), by claim name."""
     state = Path(cluster.sim.sim.state_dir)
-    return {pvc["metadata"]["name"]: state / "volumes" / pvc["spec"]["volumeName"] / "disk.img"
-            for pvc in cluster.pvcs(ns) if (pvc.get("spec") or {}).get("volumeName")}
+    images = {pvc["metadata"]["name"]: state / "volumes" / pvc["spec"]["volumeName"] / "disk.img"
+              for pvc in cluster.pvcs(ns) if (pvc.get("spec") or {}).get("volumeName")}
+    return {claim: image for claim, image in images.items() if image.exists()}
 
 
 def hub_token(cluster: Cluster, ns: str, secret: str) -> bytes:

@@ -319,15 +319,40 @@ def test_an_online_snapshot_is_application_consistent_and_restores(hub: Hub, clu
 
 
 
+def shared_dataset(cluster: Cluster, ns: str) -> Path:
+    """What an admin does for shared data: KubeVirt's EnableVirtioFsStorageVolumes gate on, and a
+    claim `datasets` in the user's namespace (made, labelled as the hub's, before its first start),
+    holding a file. The claim's directory."""
+    cluster.custom.create_namespaced_custom_object("kubevirt.io", "v1", "kubevirt", "kubevirts", {
+        "apiVersion": "kubevirt.io/v1", "kind": "KubeVirt", "metadata": {"name": "kubevirt"},
+        "spec": {"configuration": {"developerConfiguration": {"featureGates": ["EnableVirtioFsStorageVolumes"]}}}})
+    cluster.core.create_namespace({"metadata": {"name": ns, "labels": {
+        "app.kubernetes.io/managed-by": "kubevirt-spawner"}}})
+    cluster.core.create_namespaced_persistent_volume_claim(ns, {"metadata": {"name": "datasets"}, "spec": {
+        "accessModes": ["ReadOnlyMany"], "resources": {"requests": {"storage": "1Gi"}}}})
+    claim = wait_for(lambda: cluster.core.read_namespaced_persistent_volume_claim("datasets", ns).spec.volume_name,
+                     30, what="the datasets claim bound")
+    data = Path(cluster.sim.sim.state_dir) / "volumes" / claim
+    data.mkdir(parents=True, exist_ok=True)
+    (data / "README").write_text("cifar-10\n")
+    return data
+
+
 def test_a_clone_boots_through_efi_too(hub: Hub, cluster: Cluster):
     """bob's profile says firmware efi: his VM asks for OVMF with Secure Boot off, and OVMF boots
     the same golden image from its EFI system partition (the removable-media path: a new VMI's
     variable store has no boot entry). His clone is his own, keeps what he writes across a stop
     and a start, and his token stays off his disks. Upstream: kubevirt
-    pkg/virt-launcher/virtwrap/efi/efi.go, converter/compute/os.go, virtwrap/manager.go."""
+    pkg/virt-launcher/virtwrap/efi/efi.go, converter/compute/os.go, virtwrap/manager.go.
+
+    His profile also mounts a shared dataset read-only and gives him a scratch disk (issue 26):
+    the image's launcher mounts the virtiofs tag at its path (virtiofsd serves the claim, read-only
+    as the launcher pod's readOnly mount: kubevirt pkg/virt-controller/services/rendervolumes.go,
+    converter/storage/virtiofs.go), and the emptyDisk (pkg/emptydisk) is blank at every start."""
     ns, vm = f"notebook-{EFI_USER}", f"{EFI_USER}-workstation"
     if (hub.server_model(USER) or {}).get("ready"):
         hub.stop_server(USER, timeout=GRACE + 60)  # (two TCG guests at once would halve each)
+    dataset = shared_dataset(cluster, ns)
     hub.ensure_user(EFI_USER)
     hub.start_server(EFI_USER, profile="efi", timeout=BOOT_TIMEOUT)
     assert cluster.vm(ns, vm)["spec"]["template"]["spec"]["domain"]["firmware"] == \
@@ -338,6 +363,14 @@ def test_a_clone_boots_through_efi_too(hub: Hub, cluster: Cluster):
     assert sh(hub, "test -d /sys/firmware/efi && echo efi", EFI_USER) == "efi\n"
     sh(hub, "echo b | sudo tee /etc/bob.conf && sudo mkdir -p /opt/b && echo 2 | sudo tee /opt/b/V && "
             "echo his > ~/h.txt", EFI_USER)
+    assert sh(hub, "cat /data/datasets/README && findmnt -n -o FSTYPE /data/datasets", EFI_USER) == \
+        "cifar-10\nvirtiofs\n"
+    # root in the guest cannot write the read-only share, even after remounting it read-write
+    refused = sh(hub, "sudo mount -o remount,rw /data/datasets; sudo touch /data/datasets/x 2>&1; echo $?",
+                 EFI_USER)
+    assert "Read-only file system" in refused and not (dataset / "x").exists(), refused
+    assert sh(hub, "stat -c %a /scratch && findmnt -n -o FSTYPE /scratch && echo s > /scratch/s && ls /scratch",
+              EFI_USER) == "1777\next4\nlost+found\ns\n"
     hub.stop_server(EFI_USER, timeout=GRACE + 60)
     console = (Path(cluster.sim.sim.state_dir) / "guests" / f"{ns}_{vm}.console.log").read_text(errors="replace")
     assert "BdsDxe" in console and "Welcome to GRUB" in console, console[:3000]
@@ -346,4 +379,5 @@ def test_a_clone_boots_through_efi_too(hub: Hub, cluster: Cluster):
         assert not holds(image, token), f"the hub's token is on {claim}"
     hub.start_server(EFI_USER, profile="efi", timeout=BOOT_TIMEOUT)
     assert sh(hub, "cat /etc/bob.conf /opt/b/V ~/h.txt", EFI_USER) == "b\n2\nhis\n"
+    assert sh(hub, "ls /scratch", EFI_USER) == "lost+found\n"  # a blank disk at every start
     hub.stop_server(EFI_USER, timeout=GRACE + 60)
