@@ -932,6 +932,10 @@ def test_shared_data_and_scratch_as_kubevirt_serves_them(custom, core, ns, sim):
             assert requests.put(url + "scratch/tmp.bin", json={"type": "file", "format": "text",
                                                                 "content": "x"}).status_code == 201
             if boot == 1:
+                listed = wait_for(lambda: agent(sim, ns, "sd", "filesystemlist").json().get("items"), what="fs")
+                scratch = next(f for f in listed if f["mountPoint"] == "/scratch")
+                assert scratch["disk"] == [{"busType": "virtio", "serial": "scratch"}] and \
+                    scratch["totalBytes"] == 2 * 2**30
                 got = requests.get(url + "data/datasets/mnist.csv").json()
                 assert got["content"] == "label,pixels\n"
                 wrote = requests.put(url + "data/datasets/evil.csv", json={"type": "file", "format": "text",

@@ -19,7 +19,7 @@ from traitlets.config import LoggingConfigurable
 from .. import kube as k
 from .. import manifests as m
 from .. import names
-from ..objects import ROOT_DISK_SERIAL, WORKSPACE_DISK_SERIAL, field_value
+from ..objects import ROOT_DISK_SERIAL, SCRATCH_DISK_SERIAL, WORKSPACE_DISK_SERIAL, field_value
 from ..operations import STEP_LABELS, Operation, Operations
 from ..quantity import parse_quantity
 from ..spawner import KubeVirtSpawner
@@ -371,7 +371,31 @@ class Workstations(LoggingConfigurable):
                 pvc, "spec.resources.requests.storage"), "used_bytes": seen.get("used"),
                 "total_bytes": seen.get("total"), "percent": percent, "level": usage_level(percent),
                 "measured": seen.get("at"), "live": bool(usage.get("live"))}
+        out.update(self._data_disks(ws, usage))
         return out
+
+    @staticmethod
+    def _data_disks(ws: Workstation, usage: dict) -> dict:
+        """The machine's scratch disk and shared data as its VM has them, with the usage the guest
+        agent reports while it runs (a scratch disk is blank at every start: nothing is kept)."""
+        tspec = field_value(ws.vm, "spec.template.spec") or {}
+        volumes = {v.get("name"): v for v in tspec.get("volumes") or []}
+        live = bool(usage.get("live"))
+
+        def measured(key: str, size: str | None = None) -> dict:
+            seen = usage.get(key) or {}  # (what is remembered of a stopped machine has none of these)
+            percent = round(100.0 * seen["used"] / seen["total"], 1) if seen.get("total") else None
+            return {"size": size, "used_bytes": seen.get("used"), "total_bytes": seen.get("total"),
+                    "percent": percent, "level": usage_level(percent), "measured": seen.get("at"), "live": live}
+        scratch = (volumes.get("scratch") or {}).get("emptyDisk")
+        paths = {share.name: share.path for share in ws.spec.shared_data}
+        shared = []
+        for fs in field_value(tspec, "domain.devices.filesystems") or []:
+            claim = (volumes.get(fs.get("name")) or {}).get("persistentVolumeClaim") or {}
+            shared.append({"name": fs.get("name"), "claim": claim.get("claimName"),
+                           "read_only": bool(claim.get("readOnly")), "path": paths.get(fs.get("name")),
+                           **measured(f"share:{fs.get('name')}")})
+        return {"scratch": measured("scratch", scratch.get("capacity")) if scratch else None, "shared": shared}
 
     async def _live_usage(self, ws: Workstation) -> dict | None:
         try:
@@ -382,10 +406,13 @@ class Workstations(LoggingConfigurable):
             return None
         at = _iso(_now())
         usage: dict = {"live": True}
+        shares = {share.path: f"share:{share.name}" for share in ws.spec.shared_data}  # (virtiofs: by mount point)
         for fs in filesystems:
             serials = {d.get("serial") for d in fs.get("disk") or []}
             disk = ("root" if ROOT_DISK_SERIAL in serials or fs.get("mountPoint") == "/"
-                    else "workspace" if WORKSPACE_DISK_SERIAL in serials else None)
+                    else "workspace" if WORKSPACE_DISK_SERIAL in serials
+                    else "scratch" if SCRATCH_DISK_SERIAL in serials
+                    else shares.get(fs.get("mountPoint") or ""))
             if disk and disk not in usage:
                 usage[disk] = {"used": int(fs.get("usedBytes") or 0), "total": int(fs.get("totalBytes") or 0), "at": at}
         return usage

@@ -644,13 +644,16 @@ class Compute:
             os.unlink(link)
         if not self._has_empty_disk(vmi, SCRATCH_DISK_SERIAL):
             return
-        scratch = os.path.join(self.c.state_dir, "ephemeral", f"{vmi['metadata']['namespace']}_{vmi['metadata']['name']}")
+        scratch = self._scratch_dir(vmi)
         shutil.rmtree(scratch, ignore_errors=True)
         os.makedirs(scratch)
         os.chmod(scratch, 0o1777)  # (the launcher makes it everyone's, sticky, as /tmp)
         if os.path.isdir(link):
             shutil.rmtree(link)  # (only what the system disk had under the mount point)
         os.symlink(scratch, link)
+
+    def _scratch_dir(self, vmi: dict) -> str:
+        return os.path.join(self.c.state_dir, "ephemeral", f"{vmi['metadata']['namespace']}_{vmi['metadata']['name']}")
 
     @staticmethod
     def _has_empty_disk(vmi: dict, serial: str) -> bool:
@@ -1256,6 +1259,14 @@ class Compute:
             out.append({"diskName": "vdb", "mountPoint": WORKSPACE_MOUNT, "fileSystemType": "ext4",
                         "usedBytes": used, "totalBytes": max(size, used),
                         "disk": [{"busType": "virtio", "serial": WORKSPACE_DISK_SERIAL}]})
+        scratch = self._scratch_dir(vmi)
+        if self._has_empty_disk(vmi, SCRATCH_DISK_SERIAL) and os.path.isdir(scratch):
+            capacity = next((v["emptyDisk"].get("capacity") for v in field_value(vmi, "spec.volumes") or []
+                             if "emptyDisk" in v and v.get("name") == "scratch"), None) or "0"
+            used = directory_size(scratch)
+            out.append({"diskName": "vdc", "mountPoint": SCRATCH_MOUNT, "fileSystemType": "ext4", "usedBytes": used,
+                        "totalBytes": max(int(parse_quantity(capacity)), used),
+                        "disk": [{"busType": "virtio", "serial": SCRATCH_DISK_SERIAL}]})
         return out
 
 

@@ -13,6 +13,13 @@ export interface IDisk {
   live: boolean;
 }
 
+export interface IShare extends IDisk {
+  name: string;
+  claim: string;
+  path: string | null;
+  read_only: boolean;
+}
+
 export interface IOperation {
   kind: string; // restore | reset
   state: string; // running | done | failed
@@ -34,7 +41,12 @@ export interface IStatus {
   memory: string | null;
   gpus: string[];
   node: string | null;
-  disks: { root: IDisk | null; workspace: IDisk | null };
+  disks: {
+    root: IDisk | null;
+    workspace: IDisk | null;
+    scratch?: IDisk | null; // blank at every start, on /scratch
+    shared?: IShare[]; // the admin's claims, mounted through virtiofs
+  };
   golden_image: { cloned_from: string | null; configured: string; newer_available: boolean };
   snapshots: { count: number; total_size: string | null };
   operation: IOperation | null;

@@ -104,6 +104,11 @@ export class WorkstationPanel extends Widget {
   }
 
   private disks(status: IStatus): HTMLElement {
+    const DISK_NAMES: Record<string, string> = {
+      root: 'System disk',
+      workspace: 'Workspace disk',
+      scratch: 'Scratch disk (/scratch, emptied at every start)'
+    };
     const bar = (label: string, disk: IDisk | null) => {
       if (!disk) {
         return null;
@@ -116,7 +121,7 @@ export class WorkstationPanel extends Widget {
       return h(
         'div',
         { class: `kvs-disk kvs-level-${disk.level ?? 'unknown'}`, 'data-disk': label },
-        h('div', { class: 'kvs-disk-label' }, `${label === 'root' ? 'System disk' : 'Workspace disk'} · ${disk.size ?? ''}`),
+        h('div', { class: 'kvs-disk-label' }, `${DISK_NAMES[label] ?? label} · ${disk.size ?? ''}`),
         h(
           'div',
           {
@@ -132,7 +137,28 @@ export class WorkstationPanel extends Widget {
         h('div', { class: 'kvs-hint' }, used)
       );
     };
-    return h('section', { class: 'kvs-disks' }, bar('root', status.disks.root), bar('workspace', status.disks.workspace));
+    const shares = (status.disks.shared ?? []).map(share =>
+      h(
+        'div',
+        { class: 'kvs-share', 'data-share': share.name },
+        h('div', { class: 'kvs-disk-label' }, `${share.path ?? share.name} · ${share.read_only ? 'read-only' : 'read-write'}`),
+        h(
+          'div',
+          { class: 'kvs-hint' },
+          share.percent === null
+            ? `shared data (${share.claim})`
+            : `shared data (${share.claim}): ${formatBytes(share.used_bytes)} of ${formatBytes(share.total_bytes)} used`
+        )
+      )
+    );
+    return h(
+      'section',
+      { class: 'kvs-disks' },
+      bar('root', status.disks.root),
+      bar('workspace', status.disks.workspace),
+      bar('scratch', status.disks.scratch ?? null),
+      ...shares
+    );
   }
 
   private buttons(): HTMLElement {
