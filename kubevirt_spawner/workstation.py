@@ -810,7 +810,8 @@ class Workstation:
                         "created": status.get("creationTime") or meta.get("creationTimestamp"),
                         "phase": status.get("phase") or "Pending", "ready": bool(status.get("readyToUse")),
                         "consistency": m.snapshot_consistency(snap),
-                        "error": field_value(status, "error.message") or ""})
+                        "error": field_value(status, "error.message") or "",
+                        "volumes": list(field_value(status, "snapshotVolumes.includedVolumes") or [])})
         return sorted(out, key=lambda s: (s["created"] or "", s["name"]))
 
     def _snapshot(self, name: str) -> dict | None:
@@ -905,6 +906,16 @@ class Workstation:
         if not snap["ready"]:
             raise WorkstationError(f"The snapshot {name} is not ready yet; try again when it is.",
                                    reason="snapshot-not-ready", status_code=409)
+        # An in-place restore puts back every volume the snapshot holds: shared data among them
+        # would go back in time for everyone who uses it (KubeVirt snapshots a claim whose
+        # StorageClass has a VolumeSnapshotClass).
+        shared = sorted(set(snap["volumes"]) - set(m.OWN_VOLUMES))
+        if shared:
+            raise WorkstationError(
+                f"The snapshot {name} also holds the shared data {', '.join(shared)}, which a restore would put back "
+                "as it was for everyone who uses it, so nothing was restored. Ask your administrator: shared data "
+                "belongs on a StorageClass without a VolumeSnapshotClass.", reason="snapshot-holds-shared-data",
+                status_code=409)
         return snap
 
     async def restore_snapshot(self, name: str, restore_name: str, timeout: float = 600.0) -> dict:

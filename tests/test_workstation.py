@@ -1567,6 +1567,27 @@ async def test_shared_data_needs_its_gate_and_its_claim_before_anything_is_made(
         assert {"name": "scratch", "emptyDisk": {"capacity": "5Gi"}} in tspec["volumes"]
         await ws.stop()
         assert (await env.admin.get(k.PVC, "notebook-sam", "datasets"))["metadata"].get("labels") is None
+        # A snapshot holds the share when its StorageClass has a VolumeSnapshotClass (ceph-rbd's
+        # here): a restore in place would put it back for everyone, so it is refused.
+        await ws.take_snapshot("with-share")
+        with user_error("snapshot-holds-shared-data", "The snapshot with-share also holds the shared data datasets"):
+            await ws.restore_snapshot("with-share", "restore-with-share")
+        assert (await env.admin.list(k.RESTORE, "notebook-sam"))["items"] == []
+        # on a class without one (CephFS's, as the README asks), the snapshot leaves it out
+        await env.admin.create(k.Kind("StorageClass", "storage.k8s.io", "v1", "storageclasses", namespaced=False), {
+            "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "cephfs-shared"},
+            "provisioner": "cephfs.csi.ceph.com", "reclaimPolicy": "Retain"})
+        claim["metadata"]["name"] = "datasets-fs"
+        claim["spec"]["storageClassName"] = "cephfs-shared"
+        await env.admin.create(k.PVC, claim)
+        fs_spec = dataclasses.replace(spec, shared_data=m.shared_data(
+            [{"name": "datasets", "claim": "datasets-fs", "mount_path": "/data/datasets", "read_only": True}]))
+        ws = workstation(env, "sam", fs_spec)
+        await ws.start({}, [])
+        await ws.stop()
+        await ws.take_snapshot("without-share")
+        assert sorted(ws._snapshot("without-share")["volumes"]) == ["rootdisk"]
+        await ws.restore_snapshot("without-share", "restore-without-share")
     finally:
         await env.admin.delete(KUBEVIRT_CR, "kubevirt", "kubevirt")
 

@@ -28,12 +28,29 @@ RESTORE = BY_KIND["VirtualMachineRestore"]
 VS = BY_KIND["VolumeSnapshot"]
 PVC = BY_KIND["PersistentVolumeClaim"]
 VSCLASS = BY_KIND["VolumeSnapshotClass"]
+SC = BY_KIND["StorageClass"]
 DV = BY_KIND["DataVolume"]
 LAST_RESTORE = "restore.kubevirt.io/lastRestoreUID"
 RESTORE_FINALIZER = "snapshot.kubevirt.io/vmrestore-protection"  # restore.go vmRestoreFinalizer
 # What a restored claim does not copy from its source (CreateRestorePVCDef).
 DROPPED_ANNOTATIONS = ("pv.kubernetes.io", "volume.beta.kubernetes.io", "cdi.kubevirt.io", "volume.kubernetes.io",
                        "k8s.io/CloneRequest", "k8s.io/CloneOf")
+
+
+def snapshot_volumes(store, ns: str, spec: dict) -> list[tuple[str, str]]:
+    """(volume, claim) of the VM's volumes a snapshot takes: its claim volumes, but those whose
+    StorageClass has no VolumeSnapshotClass of its driver (KubeVirt's VM controller marks them
+    `enabled: false`, "No VolumeSnapshotClass: Volume snapshots are not configured for this
+    StorageClass", in status.volumeSnapshotStatuses, and the snapshot leaves them out:
+    pkg/virt-controller/watch/vm.go, pkg/storage/snapshot/source.go)."""
+    out = []
+    for volume, claim in claim_names(spec):
+        pvc = store.get(PVC, ns, claim)
+        sc = store.get(SC, "", field_value(pvc, "spec.storageClassName") or "") if pvc else None
+        if sc is not None and not any(c.get("driver") == sc.get("provisioner") for c in store.list(VSCLASS)):
+            continue
+        out.append((volume, claim))
+    return out
 
 
 class RestoreError(Exception):
@@ -101,7 +118,7 @@ class Snapshots:
             vmi = self.store.get(VMI, ns, vm["metadata"]["name"])
             running = vmi is not None and field_value(vmi, "status.phase") == "Running"
             spec = field_value(vm, "spec.template.spec") or {}
-            included = [v for v, _ in claim_names(spec)]
+            included = [v for v, _ in snapshot_volumes(self.store, ns, spec)]
             excluded = [v["name"] for v in spec.get("volumes") or [] if v["name"] not in included]
             status.update({"phase": "InProgress", "sourceUID": vm["metadata"]["uid"], "readyToUse": False,
                            "snapshotVolumes": {"includedVolumes": included, "excludedVolumes": excluded}})
@@ -200,7 +217,7 @@ class Snapshots:
         spec = field_value(vm, "spec.template.spec") or {}
         vsclass = next(iter(self.store.list(VSCLASS)), None)
         backups = []
-        for volume, claim in claim_names(spec):
+        for volume, claim in snapshot_volumes(self.store, ns, spec):
             pvc = self.store.get(PVC, ns, claim)
             if pvc is None:
                 continue
