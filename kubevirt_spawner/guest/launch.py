@@ -183,7 +183,10 @@ def prepare_scratch(scratch: str = SCRATCH_MOUNT, sys_block: str = SYS_BLOCK, ru
     """The scratch disk (blank at every start: fstab makes its filesystem) on `scratch`, open to
     everyone with the sticky bit, as /tmp."""
     if wait_for_disk(scratch, SCRATCH_DISK_SERIAL, "scratch disk", sys_block, runner, is_mount):
-        os.chmod(scratch, 0o1777)
+        try:
+            os.chmod(scratch, 0o1777)
+        except OSError as err:
+            raise LaunchError(f"the scratch disk at {scratch} cannot be opened to everyone: {err}") from None
 
 
 # ------------------------------------------------------------------------------------------ shared data

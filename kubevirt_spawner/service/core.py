@@ -376,8 +376,8 @@ class Workstations(LoggingConfigurable):
 
     @staticmethod
     def _data_disks(ws: Workstation, usage: dict) -> dict:
-        """The machine's scratch disk and shared data as its VM has them, with the usage the guest
-        agent reports while it runs (a scratch disk is blank at every start: nothing is kept)."""
+        """The machine's scratch disk and shared data as its VM has them; the scratch disk's usage
+        as the guest agent reports it while it runs (it is blank at every start: nothing is kept)."""
         tspec = field_value(ws.vm, "spec.template.spec") or {}
         volumes = {v.get("name"): v for v in tspec.get("volumes") or []}
         live = bool(usage.get("live"))
@@ -392,9 +392,9 @@ class Workstations(LoggingConfigurable):
         shared = []
         for fs in field_value(tspec, "domain.devices.filesystems") or []:
             claim = (volumes.get(fs.get("name")) or {}).get("persistentVolumeClaim") or {}
+            # (no usage: qemu-ga's filesystem list leaves out filesystems without a block device)
             shared.append({"name": fs.get("name"), "claim": claim.get("claimName"),
-                           "read_only": bool(claim.get("readOnly")), "path": paths.get(fs.get("name")),
-                           **measured(f"share:{fs.get('name')}")})
+                           "read_only": bool(claim.get("readOnly")), "path": paths.get(fs.get("name"))})
         return {"scratch": measured("scratch", scratch.get("capacity")) if scratch else None, "shared": shared}
 
     async def _live_usage(self, ws: Workstation) -> dict | None:
@@ -406,13 +406,11 @@ class Workstations(LoggingConfigurable):
             return None
         at = _iso(_now())
         usage: dict = {"live": True}
-        shares = {share.path: f"share:{share.name}" for share in ws.spec.shared_data}  # (virtiofs: by mount point)
         for fs in filesystems:
             serials = {d.get("serial") for d in fs.get("disk") or []}
             disk = ("root" if ROOT_DISK_SERIAL in serials or fs.get("mountPoint") == "/"
                     else "workspace" if WORKSPACE_DISK_SERIAL in serials
-                    else "scratch" if SCRATCH_DISK_SERIAL in serials
-                    else shares.get(fs.get("mountPoint") or ""))
+                    else "scratch" if SCRATCH_DISK_SERIAL in serials else None)
             if disk and disk not in usage:
                 usage[disk] = {"used": int(fs.get("usedBytes") or 0), "total": int(fs.get("totalBytes") or 0), "at": at}
         return usage

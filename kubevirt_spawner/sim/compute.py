@@ -572,6 +572,9 @@ class Compute:
         ns, name = vmi["metadata"]["namespace"], vmi["metadata"]["name"]
         key = (ns, name)
         for vol, claim in claim_names(vmi.get("spec") or {}):
+            modes = field_value(self.store.get(PVC, ns, claim), "spec.accessModes") or []
+            if "ReadWriteMany" in modes or "ReadOnlyMany" in modes:
+                continue  # (shared data: many machines at once is what it is for)
             for other in self.attachments(ns, claim, vmi["metadata"]["uid"]):
                 self.violations.append({"time": now_iso(), "namespace": ns, "claim": claim, "volume": vol,
                                         "vmis": [other["metadata"]["name"], name],
@@ -649,7 +652,7 @@ class Compute:
         os.makedirs(scratch)
         os.chmod(scratch, 0o1777)  # (the launcher makes it everyone's, sticky, as /tmp)
         if os.path.isdir(link):
-            shutil.rmtree(link)  # (only what the system disk had under the mount point)
+            os.replace(link, link + ".under-mount")  # (hidden by the mount, as the workspace's /home)
         os.symlink(scratch, link)
 
     def _scratch_dir(self, vmi: dict) -> str:

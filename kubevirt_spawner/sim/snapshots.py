@@ -38,17 +38,18 @@ DROPPED_ANNOTATIONS = ("pv.kubernetes.io", "volume.beta.kubernetes.io", "cdi.kub
 
 
 def snapshot_volumes(store, ns: str, spec: dict) -> list[tuple[str, str]]:
-    """(volume, claim) of the VM's volumes a snapshot takes: its claim volumes, but those whose
-    StorageClass has no VolumeSnapshotClass of its driver (KubeVirt's VM controller marks them
+    """(volume, claim) of the VM's volumes a snapshot takes: its claim volumes, but those without a
+    StorageClass or whose StorageClass has no VolumeSnapshotClass of its driver (KubeVirt's VM controller marks them
     `enabled: false`, "No VolumeSnapshotClass: Volume snapshots are not configured for this
     StorageClass", in status.volumeSnapshotStatuses, and the snapshot leaves them out:
     pkg/virt-controller/watch/vm.go, pkg/storage/snapshot/source.go)."""
     out = []
     for volume, claim in claim_names(spec):
         pvc = store.get(PVC, ns, claim)
-        sc = store.get(SC, "", field_value(pvc, "spec.storageClassName") or "") if pvc else None
-        if sc is not None and not any(c.get("driver") == sc.get("provisioner") for c in store.list(VSCLASS)):
-            continue
+        if pvc is not None:  # (a missing claim: the snapshot waits for it, source.go's verifyVolumes)
+            sc = store.get(SC, "", field_value(pvc, "spec.storageClassName") or "")
+            if sc is None or not any(c.get("driver") == sc.get("provisioner") for c in store.list(VSCLASS)):
+                continue  # (no StorageClass, as a static volume's claim: none either, getSnapshotPVC)
         out.append((volume, claim))
     return out
 

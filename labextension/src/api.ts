@@ -13,7 +13,7 @@ export interface IDisk {
   live: boolean;
 }
 
-export interface IShare extends IDisk {
+export interface IShare {
   name: string;
   claim: string;
   path: string | null;

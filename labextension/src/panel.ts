@@ -142,13 +142,7 @@ export class WorkstationPanel extends Widget {
         'div',
         { class: 'kvs-share', 'data-share': share.name },
         h('div', { class: 'kvs-disk-label' }, `${share.path ?? share.name} · ${share.read_only ? 'read-only' : 'read-write'}`),
-        h(
-          'div',
-          { class: 'kvs-hint' },
-          share.percent === null
-            ? `shared data (${share.claim})`
-            : `shared data (${share.claim}): ${formatBytes(share.used_bytes)} of ${formatBytes(share.total_bytes)} used`
-        )
+        h('div', { class: 'kvs-hint' }, `shared data (${share.claim})`)
       )
     );
     return h(

@@ -71,13 +71,13 @@ def holds(path: Path, secret: bytes) -> bool:
     return False
 
 
-def volume_images(cluster: Cluster, ns: str) -> dict[str, Path]:
-    """The disk image of each of the namespace's claims that holds one (a share's claim holds
-    files: virtiofs), by claim name."""
+def volume_images(cluster: Cluster, ns: str, shares: tuple[str, ...] = ()) -> dict[str, Path]:
+    """The disk image of each of the namespace's claims, by claim name (but `shares`, claims of
+    shared data: they hold files, served through virtiofs)."""
     state = Path(cluster.sim.sim.state_dir)
-    images = {pvc["metadata"]["name"]: state / "volumes" / pvc["spec"]["volumeName"] / "disk.img"
-              for pvc in cluster.pvcs(ns) if (pvc.get("spec") or {}).get("volumeName")}
-    return {claim: image for claim, image in images.items() if image.exists()}
+    return {pvc["metadata"]["name"]: state / "volumes" / pvc["spec"]["volumeName"] / "disk.img"
+            for pvc in cluster.pvcs(ns) if (pvc.get("spec") or {}).get("volumeName")
+            and pvc["metadata"]["name"] not in shares}
 
 
 def hub_token(cluster: Cluster, ns: str, secret: str) -> bytes:

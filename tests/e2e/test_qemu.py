@@ -375,7 +375,9 @@ def test_a_clone_boots_through_efi_too(hub: Hub, cluster: Cluster):
     console = (Path(cluster.sim.sim.state_dir) / "guests" / f"{ns}_{vm}.console.log").read_text(errors="replace")
     assert "BdsDxe" in console and "Welcome to GRUB" in console, console[:3000]
     token = hub_token(cluster, ns, f"{EFI_USER}-hub-env")
-    for claim, image in volume_images(cluster, ns).items():
+    images = volume_images(cluster, ns, shares=("datasets",))
+    assert set(images) == {f"{EFI_USER}-rootdisk", f"{EFI_USER}-workspace"}, images
+    for claim, image in images.items():
         assert not holds(image, token), f"the hub's token is on {claim}"
     hub.start_server(EFI_USER, profile="efi", timeout=BOOT_TIMEOUT)
     assert sh(hub, "cat /etc/bob.conf /opt/b/V ~/h.txt", EFI_USER) == "b\n2\nhis\n"
