@@ -1537,42 +1537,42 @@ async def test_shared_data_needs_its_gate_and_its_claim_before_anything_is_made(
         [{"claim": "datasets", "mount_path": "/data/datasets", "read_only": True}]))
     empty = {"VirtualMachine": [], "DataVolume": [], "PersistentVolumeClaim": []}
     with user_error("vm-spec", "virtiofs is not allowed: virtiofs feature gate is not enabled for PVC"):
-        await workstation(env, "sam", spec).start({}, [])
-    assert await objects_in(env, "notebook-sam") == empty
+        await workstation(env, "shira", spec).start({}, [])
+    assert await objects_in(env, "notebook-shira") == empty
     await env.admin.create(KUBEVIRT_CR, {"apiVersion": "kubevirt.io/v1", "kind": "KubeVirt", "metadata": {
         "name": "kubevirt", "namespace": "kubevirt"}, "spec": {"configuration": {"developerConfiguration": {
             "featureGates": ["EnableVirtioFsStorageVolumes"]}}}})
     try:
-        with user_error("shared-data", "The shared data volume notebook-sam/datasets that your workstation mounts "
+        with user_error("shared-data", "The shared data volume notebook-shira/datasets that your workstation mounts "
                                        "at /data/datasets does not exist, so nothing was started"):
-            await workstation(env, "sam", spec).start({}, [])
-        assert await objects_in(env, "notebook-sam") == empty
+            await workstation(env, "shira", spec).start({}, [])
+        assert await objects_in(env, "notebook-shira") == empty
         claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                 "metadata": {"name": "datasets", "namespace": "notebook-sam"},
+                 "metadata": {"name": "datasets", "namespace": "notebook-shira"},
                  "spec": {"accessModes": ["ReadOnlyMany"], "volumeMode": "Block",
                           "resources": {"requests": {"storage": "1Gi"}}}}
         await env.admin.create(k.PVC, claim)
         with user_error("shared-data", "is a block device, not a filesystem"):
-            await workstation(env, "sam", spec).start({}, [])
-        assert await objects_in(env, "notebook-sam") == {**empty, "PersistentVolumeClaim": ["datasets"]}
-        await env.admin.delete(k.PVC, "notebook-sam", "datasets")
+            await workstation(env, "shira", spec).start({}, [])
+        assert await objects_in(env, "notebook-shira") == {**empty, "PersistentVolumeClaim": ["datasets"]}
+        await env.admin.delete(k.PVC, "notebook-shira", "datasets")
         claim["spec"]["volumeMode"] = "Filesystem"
-        while await env.admin.get(k.PVC, "notebook-sam", "datasets") is not None:
+        while await env.admin.get(k.PVC, "notebook-shira", "datasets") is not None:
             await asyncio.sleep(0.05)
         await env.admin.create(k.PVC, claim)
-        ws = workstation(env, "sam", spec)
+        ws = workstation(env, "shira", spec)
         await ws.start({}, [])
         tspec = ws.vm["spec"]["template"]["spec"]
         assert tspec["domain"]["devices"]["filesystems"] == [{"name": "datasets", "virtiofs": {}}]
         assert {"name": "scratch", "emptyDisk": {"capacity": "5Gi"}} in tspec["volumes"]
         await ws.stop()
-        assert (await env.admin.get(k.PVC, "notebook-sam", "datasets"))["metadata"].get("labels") is None
+        assert (await env.admin.get(k.PVC, "notebook-shira", "datasets"))["metadata"].get("labels") is None
         # A snapshot holds the share when its StorageClass has a VolumeSnapshotClass (ceph-rbd's
         # here): a restore in place would put it back for everyone, so it is refused.
         await ws.take_snapshot("with-share")
         with user_error("snapshot-holds-shared-data", "The snapshot with-share also holds the shared data datasets"):
             await ws.restore_snapshot("with-share", "restore-with-share")
-        assert (await env.admin.list(k.RESTORE, "notebook-sam"))["items"] == []
+        assert (await env.admin.list(k.RESTORE, "notebook-shira"))["items"] == []
         # on a class without one (CephFS's, as the README asks), the snapshot leaves it out
         await env.admin.create(k.Kind("StorageClass", "storage.k8s.io", "v1", "storageclasses", namespaced=False), {
             "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "cephfs-shared"},
@@ -1582,7 +1582,7 @@ async def test_shared_data_needs_its_gate_and_its_claim_before_anything_is_made(
         await env.admin.create(k.PVC, claim)
         fs_spec = dataclasses.replace(spec, shared_data=m.shared_data(
             [{"name": "datasets", "claim": "datasets-fs", "mount_path": "/data/datasets", "read_only": True}]))
-        ws = workstation(env, "sam", fs_spec)
+        ws = workstation(env, "shira", fs_spec)
         await ws.start({}, [])
         await ws.stop()
         await ws.take_snapshot("without-share")
