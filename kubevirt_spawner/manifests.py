@@ -17,6 +17,8 @@ import yaml
 from .objects import (
     ARGS_KEY,
     ENV_DISK_SERIAL,
+    EXTRA_DISK_PREFIX,
+    EXTRA_DISKS_ENV,
     ROOT_DISK_SERIAL,
     SCRATCH_DISK_SERIAL,
     SHARED_DATA_ENV,
@@ -25,6 +27,7 @@ from .objects import (
     check_mount_path,
     merge_patch,
 )
+from .quantity import parse_quantity
 
 MANAGED_BY = "kubevirt-spawner"
 LABEL_PREFIX = "kubevirt-spawner.io/"
@@ -111,8 +114,9 @@ def shared_data(items) -> tuple[SharedData, ...]:
         if not isinstance(name, str) or len(name) > SHARED_NAME_MAX or not _DNS_LABEL.match(name):
             raise ValueError(f"{item!r}: name (the claim's when not given) must be at most {SHARED_NAME_MAX} "
                              "lower-case letters, digits and dashes: give a shorter name")
-        if name in OWN_VOLUMES:
-            raise ValueError(f"{item!r}: the name {name} is one of the workstation's own volumes: give another")
+        if name in OWN_VOLUMES or name.startswith(EXTRA_DISK_PREFIX):
+            raise ValueError(f"{item!r}: the name {name} is one of the workstation's own volumes (or starts "
+                             f"{EXTRA_DISK_PREFIX}, as its extra disks do): give another")
         read_only = item.get("read_only", False)
         if not isinstance(read_only, bool):
             raise ValueError(f"{item!r}: read_only is true or false")
@@ -120,10 +124,87 @@ def shared_data(items) -> tuple[SharedData, ...]:
         for other in out:
             if other.name == name:
                 raise ValueError(f"two shared data entries are named {name}: give one a name of its own")
-            if path == other.path or path.startswith(other.path + "/") or other.path.startswith(path + "/"):
+            if _overlap(path, other.path):
                 raise ValueError(f"the mount points {other.path} and {path} overlap: give each its own directory")
         out.append(SharedData(name, claim, path, read_only))
     return tuple(out)
+
+
+@dataclass(frozen=True)
+class ExtraDisk:
+    """A data disk of the workstation's own beside the workspace disk (a block claim of the
+    profile's storage class or its own, blank or cloned from a claim of the golden images'
+    namespace), mounted at `path`. Like the workspace disk it is kept across resets, grows with
+    its size and is deleted only by a purge."""
+    name: str
+    size: str
+    path: str
+    storage_class: str = ""  # the machine's when empty
+    clone_from: str = ""  # NAMESPACE/NAME of the claim it is cloned from; blank when empty
+
+    @property
+    def volume(self) -> str:
+        """The VM's volume and disk name, and the disk's serial (/dev/disk/by-id/virtio-disk-NAME)."""
+        return EXTRA_DISK_PREFIX + self.name
+
+
+# A disk serial reaches the guest as at most 20 bytes (virtio-blk's VIRTIO_BLK_ID_BYTES,
+# include/uapi/linux/virtio_blk.h): `disk-` and the name must fit.
+EXTRA_DISK_NAME_MAX = 20 - len(EXTRA_DISK_PREFIX)
+EXTRA_DISK_KEYS = {"name", "size", "mount_path", "storage_class", "clone_from"}
+
+
+def extra_disks(items) -> tuple[ExtraDisk, ...]:
+    """The extra disks of a setting such as `[{"name": "models", "size": "200Gi", "mount_path":
+    "/data/models"}]` (optional `storage_class`, and `clone_from` NAMESPACE/NAME for a disk that
+    starts as a copy of a prepared claim), or ValueError with a sentence."""
+    out: list[ExtraDisk] = []
+    for item in items or ():
+        if not isinstance(item, dict):
+            raise ValueError(f"{item!r} is not a dict with name, size and mount_path")
+        unknown = sorted(set(item) - EXTRA_DISK_KEYS)
+        if unknown:
+            raise ValueError(f"{item!r}: unknown keys {', '.join(map(str, unknown))}; an extra disk has "
+                             f"{', '.join(sorted(EXTRA_DISK_KEYS))}")
+        name = item.get("name")
+        if not isinstance(name, str) or len(name) > EXTRA_DISK_NAME_MAX or not _DNS_LABEL.match(name):
+            raise ValueError(f"{item!r}: name must be 1 to {EXTRA_DISK_NAME_MAX} lower-case letters, digits and "
+                             "dashes (the guest sees the disk as /dev/disk/by-id/virtio-disk-NAME)")
+        size = item.get("size")
+        try:
+            if not isinstance(size, str) or parse_quantity(size) <= 0:
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"{item!r}: size must be a Kubernetes quantity such as 100Gi") from None
+        storage_class = item.get("storage_class") or ""
+        if not isinstance(storage_class, str) or (storage_class and not _DNS_SUBDOMAIN.match(storage_class)):
+            raise ValueError(f"{item!r}: storage_class must be the name of a StorageClass")
+        clone_from = item.get("clone_from") or ""
+        parts = clone_from.split("/") if isinstance(clone_from, str) else []
+        if clone_from and not (len(parts) == 2 and _DNS_LABEL.match(parts[0]) and _DNS_SUBDOMAIN.match(parts[1])):
+            raise ValueError(f"{item!r}: clone_from must be NAMESPACE/NAME of a PersistentVolumeClaim")
+        path = check_mount_path(item.get("mount_path"))
+        for other in out:
+            if other.name == name:
+                raise ValueError(f"two extra disks are named {name}: give each a name of its own")
+            if _overlap(path, other.path):
+                raise ValueError(f"the mount points {other.path} and {path} overlap: give each its own directory")
+        out.append(ExtraDisk(name, size, path, storage_class, clone_from))
+    return tuple(out)
+
+
+def _overlap(a: str, b: str) -> bool:
+    return a == b or a.startswith(b + "/") or b.startswith(a + "/")
+
+
+def check_data_paths(shares: tuple[SharedData, ...], disks: tuple[ExtraDisk, ...]) -> None:
+    """Shared data and extra disks each get a directory of their own: ValueError with a sentence
+    when a mount point of one is on or inside the other's."""
+    for share in shares:
+        for disk in disks:
+            if _overlap(share.path, disk.path):
+                raise ValueError(f"the shared data {share.name} at {share.path} and the extra disk {disk.name} at "
+                                 f"{disk.path} overlap: give each its own directory")
 
 
 @dataclass(frozen=True)
@@ -143,6 +224,7 @@ class MachineSpec:
     storage_class: str = "ceph-rbd"
     workspace_disk_size: str | None = None
     shared_data: tuple[SharedData, ...] = ()
+    extra_disks: tuple[ExtraDisk, ...] = ()
     scratch_disk_size: str | None = None  # an emptyDisk on /scratch, blank at every start
     termination_grace_period: int = 120
     firmware: str = "bios"  # what the golden image boots with: bios or efi
@@ -355,6 +437,25 @@ def workspace_datavolume(ident: Identity, spec: MachineSpec) -> dict:
     return _datavolume(ident, ident.workspace, "workspace", spec, {"blank": {}}, spec.workspace_disk_size)
 
 
+def extra_disk_claim(ident: Identity, disk: ExtraDisk) -> str:
+    """The DataVolume and claim of an extra disk: the workspace disk's name and the disk's."""
+    return f"{ident.workspace}-{disk.name}"
+
+
+def extra_disk_datavolume(ident: Identity, spec: MachineSpec, disk: ExtraDisk) -> dict:
+    """An extra disk: blank, or cloned from a claim (the admission policy allows the golden
+    images' namespace only, as for system disks)."""
+    if disk.clone_from:
+        namespace, name = disk.clone_from.split("/")
+        source: dict = {"pvc": {"namespace": namespace, "name": name}}
+    else:
+        source = {"blank": {}}
+    dv = _datavolume(ident, extra_disk_claim(ident, disk), "datadisk", spec, source, disk.size)
+    if disk.storage_class:
+        dv["spec"]["storage"]["storageClassName"] = disk.storage_class
+    return dv
+
+
 def firmware(kind: str) -> dict:
     """The VM's firmware, which must be what the golden image's bootloader is built for (build.sh
     --firmware): BIOS (SeaBIOS, KubeVirt's default) or EFI (OVMF). EFI says secureBoot false:
@@ -379,6 +480,9 @@ def virtual_machine(ident: Identity, spec: MachineSpec) -> dict:
     if spec.workspace_disk_size:
         disks.append({"name": "workspace", "serial": WORKSPACE_DISK_SERIAL, "disk": {"bus": "virtio"}})
         volumes.append({"name": "workspace", "persistentVolumeClaim": {"claimName": ident.workspace}})
+    for extra in spec.extra_disks:
+        disks.append({"name": extra.volume, "serial": extra.volume, "disk": {"bus": "virtio"}})
+        volumes.append({"name": extra.volume, "persistentVolumeClaim": {"claimName": extra_disk_claim(ident, extra)}})
     if spec.scratch_disk_size:
         disks.append({"name": "scratch", "serial": SCRATCH_DISK_SERIAL, "disk": {"bus": "virtio"}})
         volumes.append({"name": "scratch", "emptyDisk": {"capacity": spec.scratch_disk_size}})
@@ -435,11 +539,13 @@ def virtual_machine(ident: Identity, spec: MachineSpec) -> dict:
 
 def guest_env(spec: MachineSpec) -> dict[str, str]:
     """What the guest learns of its machine through the env disk, beside JupyterHub's variables:
-    whether its SSH tunnel opens, and where each shared data filesystem goes."""
+    whether its SSH tunnel opens, and where each shared data filesystem and extra disk goes."""
     env = {"KUBEVIRT_SSH_ENABLED": "1" if spec.ssh_enabled else "0"}
     if spec.shared_data:
         env[SHARED_DATA_ENV] = json.dumps([{"tag": s.name, "path": s.path, "readOnly": s.read_only}
                                            for s in spec.shared_data])
+    if spec.extra_disks:
+        env[EXTRA_DISKS_ENV] = json.dumps([{"serial": d.volume, "path": d.path} for d in spec.extra_disks])
     return env
 
 

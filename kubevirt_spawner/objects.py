@@ -54,6 +54,11 @@ USERDATA_KEY = "userdata"
 # pkg/virt-launcher/virtwrap/converter: the tag is the filesystem's name); the guest learns where
 # each goes from this variable, a JSON list of {"tag", "path", "readOnly"}.
 SHARED_DATA_ENV = "KUBEVIRT_SHARED_DATA"
+# Extra data disks: block claims of the workstation's own, each with the disk serial `disk-NAME`
+# (the VM's volume name too); the guest learns where each goes from this variable, a JSON list of
+# {"serial", "path"}, and makes a filesystem on a blank one.
+EXTRA_DISKS_ENV = "KUBEVIRT_EXTRA_DISKS"
+EXTRA_DISK_PREFIX = "disk-"
 # The discardable scratch disk (an emptyDisk: blank at every start of the VM) on /scratch.
 SCRATCH_DISK_SERIAL = "scratch"
 SCRATCH_MOUNT = "/scratch"
@@ -65,7 +70,7 @@ _MOUNT_PATH = re.compile(r"^(/[A-Za-z0-9._-]+)+$")
 
 
 def check_mount_path(path) -> str:
-    """A mount point for shared data, or ValueError with a sentence: absolute, plain (letters,
+    """A mount point for shared data or an extra disk, or ValueError with a sentence: absolute, plain (letters,
     digits, ., _ and -), normalised, and outside the system's directories."""
     if not isinstance(path, str) or not _MOUNT_PATH.match(path) or posixpath.normpath(path) != path \
             or any(part in (".", "..") for part in path.split("/")):
@@ -74,5 +79,5 @@ def check_mount_path(path) -> str:
     for system in SYSTEM_PATHS:
         if path == system or path.startswith(system + "/"):
             raise ValueError(f"{path} is inside {system}, which the system (or the workstation's own disks) uses: "
-                             "mount shared data elsewhere, such as under /data or /srv")
+                             "mount it elsewhere, such as under /data or /srv")
     return path

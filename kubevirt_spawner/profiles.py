@@ -23,7 +23,7 @@ OVERRIDABLE = {"cpu_guarantee", "cpu_limit", "mem_guarantee", "mem_limit", "memo
                "tolerations", "affinity", "root_disk_size", "golden_image", "workspace_disk_size", "storage_class",
                "extra_labels", "extra_annotations", "termination_grace_period", "firmware", "ssh_enabled",
                "priority_class_name", "extra_vm_spec", "extra_vm_template_spec", "shared_data",
-               "scratch_disk_size"}
+               "scratch_disk_size", "extra_disks"}
 UNLISTED = "--unlisted-choice"  # KubeSpawner's suffix of an option's own value
 UNLISTED_IN_FORM = "unlisted-choice"  # the value of the select's "Other..." entry (KubeSpawner's)
 VALUE_MAX = 256  # an unlisted value lands in settings (an image name, a label): no essays

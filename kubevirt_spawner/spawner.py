@@ -85,6 +85,14 @@ class KubeVirtSpawner(Spawner):
         machines use it; KubeVirt v1.9 needs its EnableVirtioFsStorageVolumes feature gate. A
         start whose claim is missing fails with a sentence. A profile may override it (the list
         replaces this one).""")
+    extra_disks = List(Dict(), config=True, help="""
+        Data disks of each workstation's own beside the workspace disk, e.g. `[{"name": "models",
+        "size": "200Gi", "mount_path": "/data/models"}]`, with optional `storage_class` (the
+        machine's by default) and `clone_from` (NAMESPACE/NAME of a claim in the golden image's
+        namespace the disk starts as a copy of; blank otherwise). The guest makes a filesystem on a
+        blank one and mounts each at its path at every boot. Like the workspace disk, they are
+        kept across stops and system resets, grow when their size grows, are in snapshots, and
+        are deleted only by a purge. A profile may override it (the list replaces this one).""")
     memory_guest = ByteSpecification(None, allow_none=True, config=True, help="""
         Memory the guest sees (spec.domain.memory.guest). Default: mem_limit, else mem_guarantee.""")
     gpus = Dict(value_trait=Integer(), config=True, help="""
@@ -261,6 +269,14 @@ class KubeVirtSpawner(Spawner):
             m.shared_data(proposal["value"])
         except ValueError as exc:
             raise TraitError(f"KubeVirtSpawner.shared_data: {exc}") from None
+        return proposal["value"]
+
+    @validate("extra_disks")
+    def _check_extra_disks(self, proposal):
+        try:
+            m.extra_disks(proposal["value"])
+        except ValueError as exc:
+            raise TraitError(f"KubeVirtSpawner.extra_disks: {exc}") from None
         return proposal["value"]
 
     @validate("root_disk_size", "workspace_disk_size", "scratch_disk_size")
@@ -557,6 +573,16 @@ class KubeVirtSpawner(Spawner):
         mem_limit = values["mem_limit"]
         guest = values["memory_guest"] or mem_limit or values["mem_guarantee"]
         golden = values["golden_image"]
+        shared, disks = m.shared_data(values["shared_data"]), m.extra_disks(values["extra_disks"])
+        try:
+            m.check_data_paths(shared, disks)
+            for disk in disks:  # (the admission policy lets the hub clone from there only)
+                if disk.clone_from and disk.clone_from.split("/")[0] != golden.split("/")[0]:
+                    raise ValueError(f"the extra disk {disk.name} is cloned from {disk.clone_from}, outside the golden "
+                                     f"image's namespace {golden.split('/')[0]}, where the hub may clone from")
+        except ValueError as exc:
+            raise WorkstationError(f"Profile {slug!r} has invalid shared data or extra disks: {exc}. Tell your "
+                                   "administrator.", reason="profile") from None
         return m.MachineSpec(
             cpu=cpu_quantity(values["cpu_guarantee"] or values["cpu_limit"] or 1),
             memory=format_bytes(values["mem_guarantee"] or mem_limit),
@@ -568,7 +594,8 @@ class KubeVirtSpawner(Spawner):
             affinity=dict(values["affinity"]) or None, golden_image=golden,
             root_disk_size=values["root_disk_size"], storage_class=values["storage_class"],
             workspace_disk_size=values["workspace_disk_size"] or None,
-            scratch_disk_size=values["scratch_disk_size"] or None, shared_data=m.shared_data(values["shared_data"]),
+            scratch_disk_size=values["scratch_disk_size"] or None, shared_data=shared,
+            extra_disks=disks,
             termination_grace_period=values["termination_grace_period"], firmware=values["firmware"],
             ports=tuple(self.ports.items()), profile=slug,
             profile_version=profile.get("version", ""),
@@ -623,14 +650,16 @@ class KubeVirtSpawner(Spawner):
         quota = self.namespace_resource_quota
         for spec in self._static_specs():
             root, workspace = parse_quantity(spec.root_disk_size), parse_quantity(spec.workspace_disk_size or 0)
-            needed = 2 * root + workspace
+            extra = sum((parse_quantity(d.size) for d in spec.extra_disks), parse_quantity(0))
+            needed = 2 * root + workspace + extra
             for key in ("requests.storage", f"{spec.storage_class}.storageclass.storage.k8s.io/requests.storage"):
                 if key in quota and parse_quantity(quota[key]) < needed:
                     where = f" (profile {spec.profile})" if spec.profile else ""
                     raise TraitError(
                         f"KubeVirtSpawner.namespace_resource_quota: {key} = {quota[key]} cannot hold one "
                         f"workstation{where} while it is cloned: its system disk ({spec.root_disk_size}), its "
-                        f"workspace disk ({spec.workspace_disk_size or 0}) and the temporary copy of the system "
+                        f"workspace disk ({spec.workspace_disk_size or 0}), its extra disks ({format_bytes(extra)}) "
+                        "and the temporary copy of the system "
                         f"disk CDI makes while cloning ({spec.root_disk_size}) need {format_bytes(needed)}; give "
                         "that much for each workstation a user may start at once")
 

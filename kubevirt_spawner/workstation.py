@@ -200,15 +200,22 @@ class Workstation:
         return self._mine(self.caches.pvcs.get(self.ident.namespace, self.ident.rootdisk))
 
     @property
+    def extra_claims(self) -> list[str]:
+        """The claims of the machine's extra disks (their DataVolumes have the same names)."""
+        return [m.extra_disk_claim(self.ident, disk) for disk in self.spec.extra_disks]
+
+    @property
     def service(self) -> dict | None:
         return self._mine(self.caches.services.get(self.ident.namespace, self.ident.service))
 
     def _foreign_object(self) -> dict | None:
         """An object under this workstation's names that is another's, if there is one."""
         ident = self.ident
-        named = ((self.caches.vms, ident.vm), (self.caches.vmis, ident.vm), (self.caches.dvs, ident.rootdisk),
+        named: tuple[tuple[PerNamespace, str], ...] = (
+            (self.caches.vms, ident.vm), (self.caches.vmis, ident.vm), (self.caches.dvs, ident.rootdisk),
                  (self.caches.pvcs, ident.rootdisk), (self.caches.dvs, ident.workspace),
                  (self.caches.pvcs, ident.workspace), (self.caches.services, ident.service))
+        named += tuple((cache, name) for name in self.extra_claims for cache in (self.caches.dvs, self.caches.pvcs))
         for cache, name in named:
             obj = cache.get(ident.namespace, name)
             if obj is not None and self._mine(obj) is None:
@@ -374,6 +381,13 @@ class Workstation:
         if spec.workspace_disk_size and self.caches.dvs.get(ident.namespace, ident.workspace) is None \
                 and self.caches.pvcs.get(ident.namespace, ident.workspace) is None:
             await self._ensure(k.DV, m.workspace_datavolume(ident, spec), self.caches.dvs)
+        for extra in spec.extra_disks:  # (made once; never replaced, as the workspace disk)
+            claim = m.extra_disk_claim(ident, extra)
+            if self.caches.dvs.get(ident.namespace, claim) is None and self.caches.pvcs.get(ident.namespace,
+                                                                                           claim) is None:
+                report(5, f"Making your extra disk {extra.name}" + (f" from {extra.clone_from}"
+                                                                   if extra.clone_from else ""))
+                await self._ensure(k.DV, m.extra_disk_datavolume(ident, spec, extra), self.caches.dvs)
         if vm is None:
             vm = await self._ensure(k.VM, desired, self.caches.vms)
         await self._resize_disks(report)
@@ -411,7 +425,7 @@ class Workstation:
         recorded, or by the workstations service, which does not know it)."""
         kept, unstamped = [], []
         for cache, kind in ((self.caches.dvs, k.DV), (self.caches.pvcs, k.PVC)):
-            for name in (self.ident.rootdisk, self.ident.workspace):
+            for name in (self.ident.rootdisk, self.ident.workspace, *self.extra_claims):
                 obj = self._mine(cache.get(self.ident.namespace, name))
                 if obj is None:
                     continue
@@ -640,8 +654,10 @@ class Workstation:
     async def _resize_disks(self, report: Report):
         """A profile's disk sizes are minimums: a smaller disk grows, a larger one stays as it is
         (disks never shrink, and the disk is the user's whatever machine size they pick)."""
-        for name, wanted, what in ((self.ident.rootdisk, self.spec.root_disk_size, "system disk"),
-                                   (self.ident.workspace, self.spec.workspace_disk_size, "workspace disk")):
+        disks = [(self.ident.rootdisk, self.spec.root_disk_size, "system disk"),
+                 (self.ident.workspace, self.spec.workspace_disk_size, "workspace disk")]
+        disks += [(m.extra_disk_claim(self.ident, d), d.size, f"extra disk {d.name}") for d in self.spec.extra_disks]
+        for name, wanted, what in disks:
             pvc = self.caches.pvcs.get(self.ident.namespace, name)
             current = field_value(pvc, "spec.resources.requests.storage")
             if not (wanted and current) or parse_quantity(wanted) == parse_quantity(current):
@@ -909,7 +925,7 @@ class Workstation:
         # An in-place restore puts back every volume the snapshot holds: shared data among them
         # would go back in time for everyone who uses it (KubeVirt snapshots a claim whose
         # StorageClass has a VolumeSnapshotClass).
-        shared = sorted(set(snap["volumes"]) - set(m.OWN_VOLUMES))
+        shared = sorted(v for v in set(snap["volumes"]) - set(m.OWN_VOLUMES) if not v.startswith(m.EXTRA_DISK_PREFIX))
         if shared:
             raise WorkstationError(
                 f"The snapshot {name} also holds the shared data {', '.join(shared)}, which a restore would put back "
@@ -1057,8 +1073,8 @@ class Workstation:
         return next(iter(found.get("items") or []), None)
 
     def _claims(self) -> list[dict]:
-        """The machine's disks' claims (system, and workspace when it has one)."""
-        names_ = (self.ident.rootdisk, self.ident.workspace)
+        """The machine's disks' claims (system, workspace and extra disks, those it has)."""
+        names_ = (self.ident.rootdisk, self.ident.workspace, *self.extra_claims)
         return [c for c in (self.caches.pvcs.get(self.ident.namespace, n) for n in names_) if c is not None]
 
     async def set_reclaim_policy(self, claims: list[dict], policy: str = "Delete"):
@@ -1213,7 +1229,7 @@ class _StartSteps:
         if dv is not None and phase != "Succeeded":
             self.waiting_for = "the system disk clone to finish"
             if phase not in WAITING_FOR_CONSUMER:
-                self._check_clone_moves(dv)
+                self._check_clone_moves(dv, ws.ident.rootdisk, f"Cloning your system disk from {spec.golden_name}")
             if phase in COPY_ON_WRITE_PHASES:  # no progress to report
                 self.say(20, f"Cloning your system disk from {spec.golden_name} (copy-on-write)")
                 return None
@@ -1223,6 +1239,8 @@ class _StartSteps:
                 self.say(5, f"Cloning your system disk from {spec.golden_name}")
                 return None
             self.say(5 + int(pct * 0.55), f"Cloning your system disk from {spec.golden_name}: {pct:.0f}%")
+            return None
+        if self._making_extra_disk():
             return None
         if ws.vmi is not None or field_value(ws.vm, "spec.runStrategy") not in (None, "Halted"):
             self.start_seen = True
@@ -1265,12 +1283,33 @@ class _StartSteps:
         self.say(95, "Starting Jupyter")
         return url
 
-    def _check_clone_moves(self, dv: dict):
+    def _making_extra_disk(self) -> bool:
+        """Whether an extra disk is still being made (a clone as long as its copy takes); the
+        machine cannot boot before. One that fails or makes no progress fails the start."""
+        ws = self.ws
+        for disk in ws.spec.extra_disks:
+            name = m.extra_disk_claim(ws.ident, disk)
+            dv = ws._mine(ws.caches.dvs.get(ws.ident.namespace, name))
+            phase = field_value(dv, "status.phase")
+            if dv is None or phase == "Succeeded" or phase in WAITING_FOR_CONSUMER:
+                continue
+            what = f"Making your extra disk {disk.name}" + (f" from {disk.clone_from}" if disk.clone_from else "")
+            if phase == "Failed":
+                why = condition(dv, "Running").get("message") or "see the cluster events"
+                raise WorkstationError(f"{what} failed ({why}). Ask your administrator to check the profile's extra "
+                                       "disks and the storage.", reason="clone-failed", status_code=500)
+            self.waiting_for = f"the extra disk {disk.name}"
+            self.say(60, what)
+            self._check_clone_moves(dv, name, what)
+            return True
+        return False
+
+    def _check_clone_moves(self, dv: dict, claim: str, what: str):
         """CDI never fails a clone that cannot proceed: it keeps its phase and says why in Warning
         events and conditions. No change for `clone_stall_timeout` fails the start with CDI's words,
-        and frees the clone's place in the queue for others."""
+        and frees the system disk clone's place in the queue for others."""
         ws = self.ws
-        state = (field_value(dv, "status.phase"), field_value(dv, "status.progress"))
+        state = (claim, field_value(dv, "status.phase"), field_value(dv, "status.progress"))
         now = time.monotonic()
         if state != self.clone_state:
             self.clone_state, self.clone_since = state, now
@@ -1278,16 +1317,17 @@ class _StartSteps:
         stalled = now - self.clone_since
         if stalled < ws.settings.clone_stall_timeout:
             return
-        ws.settings.clone_gate.give_up((ws.ident.namespace, ws.ident.rootdisk))
+        if claim == ws.ident.rootdisk:
+            ws.settings.clone_gate.give_up((ws.ident.namespace, ws.ident.rootdisk))
         raise WorkstationError(
-            f"Cloning your system disk from {ws.spec.golden_name} has made no progress for {stalled:.0f} seconds "
-            f"({self._clone_trouble(dv)}). Ask your administrator to check the golden image and the storage.",
+            f"{what} has made no progress for {stalled:.0f} seconds ({self._clone_trouble(dv, claim)}). Ask your "
+            "administrator to check the golden image, the profile's disks and the storage.",
             reason="clone-failed", status_code=500)
 
-    def _clone_trouble(self, dv: dict) -> str:
+    def _clone_trouble(self, dv: dict, claim: str) -> str:
         """CDI's own words: the newest Warning about the disk, else a condition that is not True."""
         ws = self.ws
-        events = ws.caches.events_for(ws.ident.namespace, {ws.ident.rootdisk})
+        events = ws.caches.events_for(ws.ident.namespace, {claim})
         if events:
             return f"{events[-1].get('reason')}: {events[-1].get('message')}"
         for ctype in ("Bound", "Running"):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import re
 import stat
 
 import pytest
@@ -289,15 +288,16 @@ def test_shared_data_is_mounted_by_tag_at_its_path(tmp_path):
     """KUBEVIRT_SHARED_DATA (the spawner's) gives each virtiofs tag its path; each is mounted
     `mount -t virtiofs TAG PATH` (the tag is KubeVirt's filesystem name: pkg/virt-launcher/virtwrap/
     converter), ro when asked (the launcher pod's readOnly mount refuses writes anyway). One that
-    fails is reported and the rest go on; a list that is not the spawner's is refused whole."""
+    fails is reported and the rest go on; an entry that is not one (a hub newer than the image)
+    is reported and left out, and the rest are mounted."""
     data = tmp_path / "data"
     env = {"KUBEVIRT_SHARED_DATA": json.dumps([
         {"tag": "datasets", "path": f"/srv/{data.name}/datasets", "readOnly": True},
         {"tag": "team", "path": "/srv/team", "readOnly": False}])}
-    entries = launch.shared_data(env)
+    entries, problems = launch.shared_data(env)
     assert entries == [{"tag": "datasets", "path": "/srv/data/datasets", "readOnly": True},
-                       {"tag": "team", "path": "/srv/team", "readOnly": False}]
-    assert launch.shared_data({}) == []
+                       {"tag": "team", "path": "/srv/team", "readOnly": False}] and problems == []
+    assert launch.shared_data({}) == ([], [])
     for entry in entries:  # (here, under tmp_path)
         entry["path"] = str(tmp_path) + entry["path"]
     commands = []
@@ -317,5 +317,54 @@ def test_shared_data_is_mounted_by_tag_at_its_path(tmp_path):
                       ('[{"tag": "../x", "path": "/data/x"}]', "has no valid tag"),
                       ('[{"tag": "x", "path": "/etc/ssh"}]', "inside /etc"),
                       ('[{"tag": "x", "path": "/data/../etc"}]', "is not a mount point")):
-        with pytest.raises(LaunchError, match=re.escape(says)):
-            launch.shared_data({"KUBEVIRT_SHARED_DATA": bad})
+        good = '{"tag": "ok", "path": "/data/ok"}'
+        listed = bad.replace("[", "[" + good + ", ", 1) if bad.startswith("[") else bad
+        kept, problems = launch.shared_data({"KUBEVIRT_SHARED_DATA": listed})
+        assert kept == ([{"tag": "ok", "path": "/data/ok", "readOnly": False}] if bad.startswith("[") else [])
+        assert len(problems) == 1 and says in problems[0]
+
+
+def test_extra_disks_get_a_filesystem_when_blank_and_are_mounted_at_their_paths(tmp_path):
+    """KUBEVIRT_EXTRA_DISKS (the spawner's) gives each extra disk's serial (/dev/disk/by-id/
+    virtio-SERIAL, systemd's 60-persistent-storage.rules) and path. A disk blkid finds nothing on
+    gets ext4 and its top directory is the user's; one with a filesystem (a clone, or the disk of
+    an earlier boot) is mounted as it is; each grows to its disk's size. A disk that cannot be
+    mounted ends the launcher (the unit tries again), as a resize that fails does not."""
+    env = {"KUBEVIRT_EXTRA_DISKS": json.dumps([{"serial": "disk-models", "path": "/data/models"},
+                                               {"serial": "disk-ref", "path": "/data/ref"},
+                                               {"serial": "models", "path": "/data/x"},
+                                               {"serial": "disk-x", "path": "/usr/local"}])}
+    entries, problems = launch.extra_disks(env)
+    assert entries == [{"serial": "disk-models", "path": "/data/models"}, {"serial": "disk-ref", "path": "/data/ref"}]
+    assert len(problems) == 2 and "has no valid serial" in problems[0] and "inside /usr" in problems[1]
+    assert launch.extra_disks({}) == ([], [])
+    for entry in entries:
+        entry["path"] = str(tmp_path) + entry["path"]
+    me = pwd.getpwuid(os.getuid())
+    commands, waited = [], []
+
+    def runner(command):
+        commands.append(command)
+        if command[0] == "resize2fs" and command[1].endswith("ref"):
+            raise LaunchError("resize2fs failed (1): Bad magic number in super-block")
+    blank = {"/dev/disk/by-id/virtio-disk-models"}
+    problems = launch.mount_extra_disks(entries, me, runner, lambda path: False, lambda dev: dev not in blank,
+                                        wait=waited.append)
+    models, ref = "/dev/disk/by-id/virtio-disk-models", "/dev/disk/by-id/virtio-disk-ref"
+    assert waited == [models, ref]
+    assert commands == [["mkfs.ext4", "-q", "-L", "models", models],
+                        ["mount", "-o", "nosuid,nodev", models, entries[0]["path"]], ["resize2fs", models],
+                        ["mount", "-o", "nosuid,nodev", ref, entries[1]["path"]], ["resize2fs", ref]]
+    assert problems == [f"the extra disk disk-ref at {entries[1]['path']} does not grow to its disk's size: "
+                        "resize2fs failed (1): Bad magic number in super-block"]
+    assert os.path.isdir(entries[0]["path"]) and os.stat(entries[0]["path"]).st_uid == me.pw_uid
+    commands.clear()
+    assert launch.mount_extra_disks(entries, me, runner, lambda path: True) == [] and commands == []  # (mounted)
+
+    def refused(command):
+        if command[0] == "mount":
+            raise LaunchError("mount failed (32): wrong fs type")
+    with pytest.raises(LaunchError, match="wrong fs type"):
+        launch.mount_extra_disks(entries[:1], me, refused, lambda path: False, lambda dev: True, wait=lambda d: None)
+    with pytest.raises(LaunchError, match="did not appear within 1 s"):
+        launch.wait_for_device(str(tmp_path / "virtio-disk-none"), timeout=1.0, sleep=lambda s: None)

@@ -201,6 +201,59 @@ def test_shared_data_and_scratch_in_the_vm(schemas):
     assert "filesystems" not in plain["domain"]["devices"] and "scratch" not in {v["name"] for v in plain["volumes"]}
 
 
+def test_extra_disks_in_the_vm_and_as_datavolumes(schemas):
+    """Issue 26. An extra disk is a DataVolume of the workstation's own (blank, or a clone of a
+    claim: CDI's DataVolumeSource pvc) and a claim volume whose disk serial, disk-NAME, the guest
+    finds it by (KubeVirt v1.9 api/core/v1/schema.go Disk.Serial; the launcher mounts it at the
+    path KUBEVIRT_EXTRA_DISKS gives)."""
+    disks = m.extra_disks([{"name": "models", "size": "200Gi", "mount_path": "/data/models"},
+                           {"name": "ref", "size": "60Gi", "mount_path": "/data/ref", "storage_class": "ceph-rbd-ssd",
+                            "clone_from": "vm-images/reference-data"}])
+    spec = dataclasses.replace(GPU_SPEC, extra_disks=disks)
+    vm = m.virtual_machine(IDENT, spec)
+    tspec = vm["spec"]["template"]["spec"]
+    claim = f"{IDENT.workspace}-models"
+    assert {"name": "disk-models", "serial": "disk-models", "disk": {"bus": "virtio"}} in tspec["domain"]["devices"][
+        "disks"]
+    assert {"name": "disk-models", "persistentVolumeClaim": {"claimName": claim}} in tspec["volumes"]
+    schema = schemas.for_kind("VirtualMachine")
+    assert schema.errors(vm) == [] and schema.unknown_fields(vm) == []
+    blank = m.extra_disk_datavolume(IDENT, spec, disks[0])
+    assert blank["metadata"]["name"] == claim and blank["spec"]["source"] == {"blank": {}}
+    assert blank["spec"]["storage"]["storageClassName"] == spec.storage_class
+    assert blank["spec"]["storage"]["resources"]["requests"]["storage"] == "200Gi"
+    assert blank["metadata"]["labels"][m.LABEL_WORKSTATION] == IDENT.slug  # (retire and purge find it so)
+    clone = m.extra_disk_datavolume(IDENT, spec, disks[1])
+    assert clone["spec"]["source"] == {"pvc": {"namespace": "vm-images", "name": "reference-data"}}
+    assert clone["spec"]["storage"]["storageClassName"] == "ceph-rbd-ssd"
+    dv_schema = schemas.for_kind("DataVolume")
+    assert dv_schema.errors(clone) == [] and dv_schema.errors(blank) == []
+    assert json.loads(m.guest_env(spec)["KUBEVIRT_EXTRA_DISKS"]) == [
+        {"serial": "disk-models", "path": "/data/models"}, {"serial": "disk-ref", "path": "/data/ref"}]
+    with pytest.raises(ValueError, match="the shared data datasets at /data/datasets and the extra disk d at /data"):
+        m.check_data_paths(SHARED, m.extra_disks([{"name": "d", "size": "1Gi", "mount_path": "/data"}]))
+
+
+@pytest.mark.parametrize("items,says", [
+    ([{"name": "models", "size": "1Gi"}], "is not a mount point"),
+    ([{"name": "models", "size": "1Gi", "mount_path": "/opt/models"}], "inside /opt"),
+    ([{"name": "a" * 16, "size": "1Gi", "mount_path": "/data"}], "1 to 15 lower-case letters"),
+    ([{"name": "Models", "size": "1Gi", "mount_path": "/data"}], "1 to 15 lower-case letters"),
+    ([{"name": "models", "size": "lots", "mount_path": "/data"}], "size must be a Kubernetes quantity"),
+    ([{"name": "models", "size": "0", "mount_path": "/data"}], "size must be a Kubernetes quantity"),
+    ([{"name": "models", "size": "1Gi", "mount_path": "/data", "clone_from": "reference"}], "NAMESPACE/NAME"),
+    ([{"name": "models", "size": "1Gi", "mount_path": "/data", "storage_class": "Fast SSD"}], "storage_class"),
+    ([{"name": "models", "size": "1Gi", "mount_path": "/data", "mountPath": "/x"}], "unknown keys mountPath"),
+    ([{"name": "a", "size": "1Gi", "mount_path": "/data"}, {"name": "b", "size": "1Gi", "mount_path": "/data/b"}],
+     "overlap"),
+    ([{"name": "a", "size": "1Gi", "mount_path": "/data/a"}, {"name": "a", "size": "1Gi", "mount_path": "/data/b"}],
+     "two extra disks are named a"),
+])
+def test_extra_disks_that_cannot_be_are_refused_with_a_sentence(items, says):
+    with pytest.raises(ValueError, match=re.escape(says)):
+        m.extra_disks(items)
+
+
 @pytest.mark.parametrize("items,says", [
     ([{"claim": "datasets"}], "is not a mount point"),
     ([{"claim": "datasets", "mount_path": "/usr/share/data"}], "inside /usr"),
@@ -209,6 +262,7 @@ def test_shared_data_and_scratch_in_the_vm(schemas):
     ([{"claim": "Data_Sets", "mount_path": "/data"}], "claim must be the name of a PersistentVolumeClaim"),
     ([{"claim": "a" * 40, "mount_path": "/data"}], "at most 36"),
     ([{"claim": "rootdisk", "mount_path": "/data"}], "one of the workstation's own volumes"),
+    ([{"claim": "disk-models", "mount_path": "/data"}], "starts disk-, as its extra disks do"),
     ([{"claim": "datasets", "mount_path": "/data", "read_only": "yes"}], "read_only is true or false"),
     ([{"claim": "datasets", "mount_path": "/data", "readOnly": True}], "unknown keys readOnly"),
     ([{"claim": "a", "mount_path": "/data"}, {"claim": "b", "mount_path": "/data/b"}], "overlap"),

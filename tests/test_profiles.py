@@ -499,6 +499,38 @@ def test_shared_data_and_scratch_are_settings_a_profile_may_change():
         KubeVirtSpawner(config=Config()).scratch_disk_size = "big"
 
 
+def test_extra_disks_are_a_setting_a_profile_may_change_and_count_in_the_storage_quota():
+    """Issue 26: c.KubeVirtSpawner.extra_disks, checked when set, replaced by a profile's
+    override; a clone from outside the golden image's namespace (which the admission policy
+    refuses) or a disk on a share's path is refused with a sentence; the namespace's storage
+    quota must hold the extra disks too."""
+    from kubevirt_spawner.workstation import WorkstationError
+    c = Config()
+    c.KubeVirtSpawner.extra_disks = [{"name": "models", "size": "100Gi", "mount_path": "/data/models"}]
+    spawner = KubeVirtSpawner(config=c)
+    assert spawner._machine_spec(None).extra_disks == (m.ExtraDisk("models", "100Gi", "/data/models"),)
+    ref = {"slug": "ref", "kubevirt_override": {"extra_disks": [
+        {"name": "ref", "size": "60Gi", "mount_path": "/data/ref", "clone_from": "vm-images/reference"}]}}
+    assert [d.name for d in spawner._machine_spec(ref).extra_disks] == ["ref"]
+    elsewhere = {"slug": "odd", "kubevirt_override": {"extra_disks": [
+        {"name": "ref", "size": "60Gi", "mount_path": "/data/ref", "clone_from": "team-data/reference"}]}}
+    with pytest.raises(WorkstationError, match="Profile 'odd' has invalid shared data or extra disks: the extra disk "
+                                               "ref is cloned from team-data/reference, outside the golden image's "
+                                               "namespace vm-images"):
+        spawner._machine_spec(elsewhere)
+    clash = {"slug": "clash", "kubevirt_override": {"shared_data": [
+        {"claim": "datasets", "mount_path": "/data/models/datasets"}]}}
+    with pytest.raises(WorkstationError, match="overlap"):
+        spawner._machine_spec(clash)
+    with pytest.raises(TraitError, match="KubeVirtSpawner.extra_disks: .*inside /etc"):
+        KubeVirtSpawner(config=Config()).extra_disks = [{"name": "x", "size": "1Gi", "mount_path": "/etc/x"}]
+    c.KubeVirtSpawner.namespace_resource_quota = {"requests.storage": "200Gi"}
+    with pytest.raises(TraitError, match=r"its extra disks \(100Gi\)"):
+        KubeVirtSpawner(config=c)._check_storage_quota()
+    c.KubeVirtSpawner.namespace_resource_quota = {"requests.storage": "220Gi"}
+    KubeVirtSpawner(config=c)._check_storage_quota()
+
+
 @pytest.mark.parametrize("setting,value,message", [
     ("namespace_labels", {"example.com/team": "{username}"}, "not a template of {user} only"),
     ("namespace_labels", {"example.com/team": "a b"}, "not a label value"),

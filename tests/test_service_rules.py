@@ -186,25 +186,35 @@ def test_the_capacity_view_lists_who_is_on_ssh_from_fresh_reports():
 
 
 
-def test_the_status_lists_the_scratch_disk_and_shared_data_with_their_usage():
-    """Issue 26: the machine's scratch disk (an emptyDisk) and shares (virtiofs filesystems) as its
-    VM has them; the scratch disk's usage as the guest agent reports it (by its disk's serial).
-    A share has none: qemu-ga's guest-get-fsinfo leaves out filesystems without a block device."""
+def test_the_status_lists_the_extra_disks_scratch_disk_and_shared_data_with_their_usage():
+    """Issue 26: the machine's extra disks (their claims' sizes), scratch disk (an emptyDisk) and
+    shares (virtiofs filesystems) as its VM has them; the disks' usage as the guest agent reports
+    it (by each disk's serial), the extra disks' remembered while stopped. A share has none:
+    qemu-ga's guest-get-fsinfo leaves out filesystems without a block device."""
     import types as _types
 
     from kubevirt_spawner import manifests as m
     spec = m.MachineSpec(scratch_disk_size="50Gi", shared_data=m.shared_data(
-        [{"claim": "datasets", "mount_path": "/data/datasets", "read_only": True}]))
+        [{"claim": "datasets", "mount_path": "/data/datasets", "read_only": True}]),
+        extra_disks=m.extra_disks([{"name": "models", "size": "20Gi", "mount_path": "/data/models"}]))
     ident = m.Identity(user="dave", server="", slug="dave", user_slug="dave", server_slug="",
                        namespace="notebook-dave", vm="dave-workstation", rootdisk="dave-rootdisk",
                        workspace="dave-workspace", secret="dave-hub-env", service="dave-notebook")
-    ws = _types.SimpleNamespace(vm=m.virtual_machine(ident, spec), spec=spec)
-    usage = {"live": True, "scratch": {"used": 2**30, "total": 50 * 2**30, "at": "t"}}
+    claims = {("notebook-dave", "dave-workspace-models"): {"status": {"capacity": {"storage": "25Gi"}}}}
+    caches = _types.SimpleNamespace(pvcs=_types.SimpleNamespace(get=lambda ns, name: claims.get((ns, name))))
+    ws = _types.SimpleNamespace(vm=m.virtual_machine(ident, spec), spec=spec, ident=ident, caches=caches)
+    usage = {"live": True, "scratch": {"used": 2**30, "total": 50 * 2**30, "at": "t"},
+             "disk-models": {"used": 5 * 2**30, "total": 25 * 2**30, "at": "t"}}
     disks = Workstations._data_disks(ws, usage)
+    assert disks["extra"] == [{"name": "models", "path": "/data/models", "claim": "dave-workspace-models",
+                               "size": "25Gi", "used_bytes": 5 * 2**30, "total_bytes": 25 * 2**30, "percent": 20.0,
+                               "level": "ok", "measured": "t", "live": True}]
     assert disks["scratch"]["size"] == "50Gi" and disks["scratch"]["percent"] == 2.0 and disks["scratch"]["live"]
     assert disks["shared"] == [{"name": "datasets", "claim": "datasets", "path": "/data/datasets", "read_only": True}]
     stopped = Workstations._data_disks(ws, {"root": {"used": 1, "total": 2, "at": "t"}})
     assert stopped["scratch"]["used_bytes"] is None and not stopped["scratch"]["live"]
+    assert stopped["extra"][0]["size"] == "25Gi" and stopped["extra"][0]["used_bytes"] is None
     plain = m.MachineSpec()
-    assert Workstations._data_disks(_types.SimpleNamespace(vm=m.virtual_machine(ident, plain), spec=plain), {}) == \
-        {"scratch": None, "shared": []}
+    assert Workstations._data_disks(_types.SimpleNamespace(vm=m.virtual_machine(ident, plain), spec=plain,
+                                                           ident=ident, caches=caches), {}) == \
+        {"extra": [], "scratch": None, "shared": []}

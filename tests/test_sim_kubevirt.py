@@ -950,3 +950,46 @@ def test_shared_data_and_scratch_as_kubevirt_serves_them(custom, core, ns, sim):
         assert os.listdir(os.path.join(root, "data", "datasets")) == []
     finally:
         custom.delete_namespaced_custom_object(*KV, "kubevirt", "kubevirts", "kubevirt")
+
+
+def test_an_extra_disk_is_the_guests_at_its_path_and_keeps_its_files(custom, core, ns, sim):
+    """Issue 26. An extra disk is a claim volume with disk serial disk-NAME (the guest's
+    /dev/disk/by-id/virtio-disk-NAME); the golden image's launcher mounts it at the path
+    KUBEVIRT_EXTRA_DISKS gives (guest/launch.py, mount_extra_disks). What the guest writes there
+    is on the claim and there again at the next boot; the guest agent lists the filesystem with
+    its disk's serial (qemu-ga's guest-get-fsinfo, KubeVirt's filesystemlist)."""
+    blank = {"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "metadata": {"name": "ed-models"},
+             "spec": {"source": {"blank": {}}, "storage": {"accessModes": ["ReadWriteOnce"], "volumeMode": "Block",
+                                                           "resources": {"requests": {"storage": "3Gi"}}}}}
+    custom.create_namespaced_custom_object(*CDI, ns, "datavolumes", blank)
+    env = {"KUBEVIRT_EXTRA_DISKS": json.dumps([{"serial": "disk-models", "path": "/data/models"}])}
+    core.create_namespaced_secret(ns, {"metadata": {"name": "extra-env"}, "stringData": env})
+    make_disk(custom, ns, "ed-disk")
+    machine = vm("ed", "ed-disk", secret="extra-env")
+    tspec = machine["spec"]["template"]["spec"]
+    tspec["domain"]["devices"]["disks"].append({"name": "disk-models", "serial": "disk-models",
+                                                "disk": {"bus": "virtio"}})
+    tspec["volumes"].append({"name": "disk-models", "persistentVolumeClaim": {"claimName": "ed-models"}})
+    custom.create_namespaced_custom_object(*KV, ns, "virtualmachines", machine)
+    models = os.path.join(sim.cluster.state_dir, "volumes",
+                          core.read_namespaced_persistent_volume_claim("ed-models", ns).spec.volume_name)
+    for boot in (1, 2):
+        assert action(sim, ns, "ed", "start").status_code == 202
+        wait_for(lambda: vm_status(custom, ns, "ed") == "Running", what="running")
+        vmi = get(custom, KV, ns, "virtualmachineinstances", "ed")
+        url = f"http://{vmi['status']['interfaces'][0]['ipAddress']}:8888/api/contents/"
+        wait_for(lambda u=url: answers(u), timeout=60, interval=0.3, what="jupyter")
+        if boot == 1:
+            assert requests.put(url + "data/models/weights.txt", json={"type": "file", "format": "text",
+                                                                       "content": "w"}).status_code == 201
+            listed = wait_for(lambda: agent(sim, ns, "ed", "filesystemlist").json().get("items"), what="fs")
+            disk = next(f for f in listed if f["mountPoint"] == "/data/models")
+            assert disk["disk"] == [{"busType": "virtio", "serial": "disk-models"}] and disk["totalBytes"] == 3 * 2**30
+        else:
+            assert requests.get(url + "data/models/weights.txt").json()["content"] == "w"
+        assert action(sim, ns, "ed", "stop").status_code == 202
+        wait_for(lambda: get(custom, KV, ns, "virtualmachineinstances", "ed") is None, what="stopped")
+    assert open(os.path.join(models, "weights.txt")).read() == "w"
+    root = os.path.join(sim.cluster.state_dir, "volumes",
+                        core.read_namespaced_persistent_volume_claim("ed-disk", ns).spec.volume_name)
+    assert not os.path.exists(os.path.join(root, "data", "models", "weights.txt"))  # (on the disk, not the system)

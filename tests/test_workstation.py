@@ -915,6 +915,67 @@ async def test_reset_clones_a_new_system_disk_and_keeps_the_workspace(env):
     assert os.path.exists(os.path.join(env.sim.cluster.volume_dir(pvc), "etc/custom.conf"))
 
 
+async def test_extra_disks_are_made_once_and_kept_across_stop_start_reset_and_retirement(env):
+    """Issue 26: extra disks (blank, or cloned from a claim of the golden images' namespace, as
+    the admission policy allows) are made at the first start, in the VM with serial disk-NAME,
+    and kept like the workspace disk: the same claim after a stop and a start and after a
+    system reset, grown when the profile's size grows, marked retained with the workstation's
+    other disks when it is deleted and taken back at its next start."""
+    disks = [{"name": "models", "size": "2Gi", "mount_path": "/data/models"},
+             {"name": "ref", "size": "1Gi", "mount_path": "/data/ref",
+              "clone_from": "vm-images/ubuntu-24-04-cuda-golden"}]
+    spec = m.MachineSpec(workspace_disk_size="1Gi", extra_disks=m.extra_disks(disks))
+    # A clone CDI cannot make (a target smaller than its source: CDI's clone validation) says so
+    # in events only (pkg/controller/datavolume/pvc-clone-controller.go); the start ends with its words.
+    with user_error("clone-failed", r"Making your extra disk ref from vm-images/ubuntu-24-04-cuda-golden has made "
+                                    r"no progress for \d+ seconds \(.*smaller than the source"):
+        await workstation(env, "edda", spec, clone_stall_timeout=2).start({}, [])
+    ws = workstation(env, "edda", spec)
+    ns, models, ref = ws.ident.namespace, f"{ws.ident.workspace}-models", f"{ws.ident.workspace}-ref"
+    assert ws.vmi is None and field_value(env.caches.dvs.get(ns, models), "status.phase") == "Succeeded"
+    await env.admin.delete(k.DV, ns, ref)
+    await env.caches.wait_for(lambda: env.caches.dvs.get(ns, ref) is None and env.caches.pvcs.get(ns, ref) is None,
+                              30, ns)
+    disks[1]["size"] = "60Gi"  # (the golden image's)
+    spec = m.MachineSpec(workspace_disk_size="1Gi", extra_disks=m.extra_disks(disks))
+    ws = workstation(env, "edda", spec)
+    await ws.start({}, [])
+    assert ws.extra_claims == [models, ref]
+    assert field_value(env.caches.dvs.get(ns, models), "spec.source") == {"blank": {}}
+    assert field_value(env.caches.dvs.get(ns, ref), "spec.source") == {
+        "pvc": {"namespace": "vm-images", "name": "ubuntu-24-04-cuda-golden"}}
+    tspec = ws.vm["spec"]["template"]["spec"]
+    assert {"name": "disk-models", "serial": "disk-models", "disk": {"bus": "virtio"}} in tspec["domain"]["devices"][
+        "disks"]
+    assert {"name": "disk-ref", "persistentVolumeClaim": {"claimName": ref}} in tspec["volumes"]
+    secret = await env.admin.get(k.SECRET, ns, ws.ident.secret)
+    assert "KUBEVIRT_EXTRA_DISKS" not in secret["data"]  # (the spawner adds m.guest_env; this Workstation has none)
+    await ws.stop()
+    before = env.caches.pvcs.get(ns, models)
+    with open(os.path.join(env.sim.cluster.volume_dir(before), "weights.txt"), "w") as f:
+        f.write("w")
+    await ws.start({}, [])
+    await ws.stop()
+    assert env.caches.pvcs.get(ns, models)["metadata"]["uid"] == before["metadata"]["uid"]
+    op = await Operations(ws, LocalServer(ws)).run(await Operations(ws, LocalServer(ws)).begin_reset(by="admin"))
+    assert op.state == "done"
+    kept = env.caches.pvcs.get(ns, models)
+    assert kept["metadata"]["uid"] == before["metadata"]["uid"]
+    with open(os.path.join(env.sim.cluster.volume_dir(kept), "weights.txt")) as f:
+        assert f.read() == "w"
+    grown = dataclasses.replace(spec, extra_disks=m.extra_disks([{**disks[0], "size": "3Gi"}, disks[1]]))
+    ws = workstation(env, "edda", grown)
+    await ws.start({}, [])
+    assert field_value(env.caches.pvcs.get(ns, models), "spec.resources.requests.storage") == "3Gi"
+    kept_names = await ws.retire()
+    assert {f"PersistentVolumeClaim/{models}", f"PersistentVolumeClaim/{ref}", f"DataVolume/{models}"} <= set(kept_names)
+    assert m.LABEL_RETAINED in env.caches.pvcs.get(ns, models)["metadata"]["labels"] or m.LABEL_RETAINED in (
+        await env.admin.get(k.PVC, ns, models))["metadata"]["labels"]
+    await ws.start({}, [])
+    assert m.LABEL_RETAINED not in ((await env.admin.get(k.PVC, ns, models))["metadata"].get("labels") or {})
+    assert (await env.admin.get(k.PVC, ns, models))["metadata"]["uid"] == before["metadata"]["uid"]
+
+
 async def test_an_interrupted_operation_goes_on_from_its_record(env):
     """The record on the VM is all a restarted service has: running it again finishes the job
     (the safety snapshot already taken is the one waited for, not a second one)."""

@@ -16,8 +16,13 @@ this user's Jupyter server (deploy/golden-image/kubevirt-workstation.service sta
    a fresh one.
    When the VM has a scratch disk (an emptyDisk, blank at every start), it waits for it on
    /scratch too and opens it to everyone, sticky, as /tmp.
-4. It mounts the VM's shared data (virtiofs filesystems, KUBEVIRT_SHARED_DATA gives each tag's
-   path and whether it is read-only); one that fails is reported in the journal and skipped.
+4. It mounts the VM's extra disks (KUBEVIRT_EXTRA_DISKS gives each disk's serial and path): a
+   blank one gets an ext4 filesystem owned by the user, and each grows to its disk's size. One
+   that cannot be mounted ends the launcher (the unit tries again): what the user writes there
+   must land on the disk, not on the system disk under it. Then the shared data (virtiofs
+   filesystems, KUBEVIRT_SHARED_DATA gives each tag's path and whether it is read-only); one
+   that fails is reported in the journal and skipped. An entry of either list that is not one
+   (a hub newer than the image, say) is reported and skipped.
 5. It leaves the keys command of the machine's sshd (guest/keys.py) what it needs to ask the
    workstations service for the user's SSH keys: the service's URL and this start's token, in a
    file only root and that command's group read (none when the hub turned SSH off).
@@ -38,11 +43,14 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 
 from ..objects import (
     ARGS_KEY,
     ENV_DISK_SERIAL,
+    EXTRA_DISK_PREFIX,
+    EXTRA_DISKS_ENV,
     SCRATCH_DISK_SERIAL,
     SCRATCH_MOUNT,
     SHARED_DATA_ENV,
@@ -62,6 +70,9 @@ SYS_BLOCK = "/sys/block"  # virtio_blk gives each disk's serial as /sys/block/vd
 SKEL = "/etc/skel"
 RUNTIME_BASE = "/run/jupyter"  # Jupyter's runtime directories, one per account, on the /run tmpfs
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+DISK_SERIAL = re.compile(r"^" + re.escape(EXTRA_DISK_PREFIX) + r"[a-z0-9]([-a-z0-9]{0,13}[a-z0-9])?$")  # 20 bytes
+DEVICES = "/dev/disk/by-id"  # systemd's 60-persistent-storage.rules: virtio-SERIAL
+DEVICE_WAIT = 60.0  # seconds for udev to link a disk the kernel has
 SHARE_TAG = re.compile(r"^[a-z0-9]([-a-z0-9]{0,34}[a-z0-9])?$")  # a volume name of at most 36 bytes (virtio-fs)
 # useradd's default NAME_REGEX (Debian's adduser.conf is stricter still): lower case, at most 32
 LINUX_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
@@ -191,26 +202,95 @@ def prepare_scratch(scratch: str = SCRATCH_MOUNT, sys_block: str = SYS_BLOCK, ru
 
 # ------------------------------------------------------------------------------------------ shared data
 
-def shared_data(env: dict[str, str]) -> list[dict]:
-    """The shared data entries of KUBEVIRT_SHARED_DATA (the spawner's JSON list of tag, path and
-    readOnly); an entry that is not one is an error, as the whole list is the hub's."""
+def _entries(env: dict[str, str], variable: str, key: str, pattern: re.Pattern) -> tuple[list[dict], list[str]]:
+    """The entries of a JSON list the hub gives (shared data, extra disks): each a dict whose `key`
+    matches `pattern` and whose `path` is a mount point. Those that are not are left out and said
+    (one sentence each): a hub newer than the image may give what this launcher does not know."""
     try:
-        entries = json.loads(env.get(SHARED_DATA_ENV) or "[]")
+        entries = json.loads(env.get(variable) or "[]")
     except ValueError:
-        raise LaunchError(f"{SHARED_DATA_ENV} is not JSON") from None
+        return [], [f"{variable} is not JSON: none of it is mounted"]
     if not isinstance(entries, list):
-        raise LaunchError(f"{SHARED_DATA_ENV} is not a list")
-    out = []
+        return [], [f"{variable} is not a list: none of it is mounted"]
+    out, problems = [], []
     for entry in entries:
-        tag = entry.get("tag") if isinstance(entry, dict) else None
-        if not isinstance(tag, str) or not SHARE_TAG.match(tag):
-            raise LaunchError(f"{SHARED_DATA_ENV}: {entry!r} has no valid tag")
+        name = entry.get(key) if isinstance(entry, dict) else None
+        if not isinstance(name, str) or not pattern.match(name):
+            problems.append(f"{variable}: {entry!r} has no valid {key}: left out")
+            continue
         try:
             path = check_mount_path(entry.get("path"))
         except ValueError as err:
-            raise LaunchError(f"{SHARED_DATA_ENV}: {err}") from None
-        out.append({"tag": tag, "path": path, "readOnly": entry.get("readOnly") is True})
-    return out
+            problems.append(f"{variable}: {name}: {err}: left out")
+            continue
+        out.append({**entry, key: name, "path": path})
+    return out, problems
+
+
+def shared_data(env: dict[str, str]) -> tuple[list[dict], list[str]]:
+    """The shared data entries of KUBEVIRT_SHARED_DATA (the spawner's JSON list of tag, path and
+    readOnly), and the problems with those left out."""
+    entries, problems = _entries(env, SHARED_DATA_ENV, "tag", SHARE_TAG)
+    return [{"tag": e["tag"], "path": e["path"], "readOnly": e.get("readOnly") is True} for e in entries], problems
+
+
+def extra_disks(env: dict[str, str]) -> tuple[list[dict], list[str]]:
+    """The extra disks of KUBEVIRT_EXTRA_DISKS (the spawner's JSON list of serial and path), and
+    the problems with those left out."""
+    entries, problems = _entries(env, EXTRA_DISKS_ENV, "serial", DISK_SERIAL)
+    return [{"serial": e["serial"], "path": e["path"]} for e in entries], problems
+
+
+def has_signature(device: str) -> bool:
+    """Whether the disk holds anything blkid knows (a filesystem, a partition table, RAID, LVM):
+    only a disk without any gets a filesystem. blkid -p exits 2 when it finds nothing."""
+    done = subprocess.run(["blkid", "-p", device], capture_output=True, text=True, check=False)
+    if done.returncode in (0, 2):
+        return done.returncode == 0
+    raise LaunchError(f"blkid -p {device} failed ({done.returncode}): {(done.stderr or done.stdout).strip()}")
+
+
+def wait_for_device(device: str, timeout: float = DEVICE_WAIT, sleep: Callable[[float], None] = time.sleep) -> None:
+    """udev links a disk under /dev/disk/by-id soon after the kernel finds it; wait for that."""
+    waited = 0.0
+    while not os.path.exists(device):
+        if waited >= timeout:
+            raise LaunchError(f"{device} did not appear within {timeout:.0f} s: the VM has no such disk, though the "
+                              "hub says it should")
+        sleep(0.5)
+        waited += 0.5
+
+
+def mount_extra_disks(entries: list[dict], account: pwd.struct_passwd, runner: Runner = run,
+                      is_mount: Callable[[str], bool] = os.path.ismount,
+                      probe: Callable[[str], bool] = has_signature,
+                      devices: str = DEVICES, wait: Callable[[str], None] = wait_for_device) -> list[str]:
+    """Mount each extra disk at its path (once: a restart of the unit finds them mounted): a
+    blank disk gets an ext4 filesystem whose top directory is the user's; every disk grows to
+    its size (a profile made it larger). A disk that cannot be mounted is a LaunchError; a
+    filesystem that cannot grow is a problem said (one sentence each)."""
+    problems = []
+    for entry in entries:
+        path, device = entry["path"], os.path.join(devices, f"virtio-{entry['serial']}")
+        if is_mount(path):
+            continue
+        wait(device)
+        made = False
+        if not probe(device):
+            runner(["mkfs.ext4", "-q", "-L", entry["serial"][len(EXTRA_DISK_PREFIX):], device])
+            made = True
+        try:
+            os.makedirs(path, mode=0o755, exist_ok=True)
+        except OSError as err:
+            raise LaunchError(f"the extra disk {entry['serial']} cannot be mounted at {path}: {err}") from None
+        runner(["mount", "-o", "nosuid,nodev", device, path])
+        if made:  # (a disk that held files keeps its owners: it may be a clone of a prepared one)
+            os.chown(path, account.pw_uid, account.pw_gid)
+        try:
+            runner(["resize2fs", device])
+        except LaunchError as err:
+            problems.append(f"the extra disk {entry['serial']} at {path} does not grow to its disk's size: {err}")
+    return problems
 
 
 def mount_shared_data(entries: list[dict], runner: Runner = run,
@@ -361,17 +441,19 @@ def main(argv: list[str] | None = None) -> int:
         mount_env_disk(opts.device, opts.mount)
         env, args = read_env_disk(opts.mount)
         wait_for_workspace(opts.homes)
-        prepare_scratch()
-        shares = shared_data(env)
+        shares, problems = shared_data(env)
+        disks, disk_problems = extra_disks(env)
         account = ensure_user(linux_name(env["JUPYTERHUB_USER"]), opts.homes, groups=existing_groups([ADMIN_GROUP]))
         command = server_command(args, os.path.dirname(sys.executable))
+        if opts.print:
+            print(json.dumps({"user": account.pw_name, "home": account.pw_dir, "command": command}))
+            return 0
+        prepare_scratch()
+        problems += disk_problems + mount_extra_disks(disks, account)
     except LaunchError as err:
         print(f"kubevirt-workstation: {err}", file=sys.stderr)
         return 1
-    if opts.print:
-        print(json.dumps({"user": account.pw_name, "home": account.pw_dir, "command": command}))
-        return 0
-    for problem in mount_shared_data(shares):
+    for problem in problems + mount_shared_data(shares):
         print(f"kubevirt-workstation: {problem}", file=sys.stderr)
     try:
         keys.write_access(env, account.pw_name, group_id(keys.KEYS_GROUP))

@@ -376,8 +376,9 @@ class Workstations(LoggingConfigurable):
 
     @staticmethod
     def _data_disks(ws: Workstation, usage: dict) -> dict:
-        """The machine's scratch disk and shared data as its VM has them; the scratch disk's usage
-        as the guest agent reports it while it runs (it is blank at every start: nothing is kept)."""
+        """The machine's extra disks, scratch disk and shared data as its VM has them, with the
+        disks' usage as the guest agent reports it (the extra disks' last known when the machine
+        is stopped; the scratch disk's only while it runs: it is blank at every start)."""
         tspec = field_value(ws.vm, "spec.template.spec") or {}
         volumes = {v.get("name"): v for v in tspec.get("volumes") or []}
         live = bool(usage.get("live"))
@@ -388,6 +389,12 @@ class Workstations(LoggingConfigurable):
             return {"size": size, "used_bytes": seen.get("used"), "total_bytes": seen.get("total"),
                     "percent": percent, "level": usage_level(percent), "measured": seen.get("at"), "live": live}
         scratch = (volumes.get("scratch") or {}).get("emptyDisk")
+        extra = []
+        for disk in ws.spec.extra_disks:
+            name = m.extra_disk_claim(ws.ident, disk)
+            pvc = ws.caches.pvcs.get(ws.ident.namespace, name)
+            size = field_value(pvc, "status.capacity.storage") or field_value(pvc, "spec.resources.requests.storage")
+            extra.append({"name": disk.name, "path": disk.path, "claim": name, **measured(disk.volume, size)})
         paths = {share.name: share.path for share in ws.spec.shared_data}
         shared = []
         for fs in field_value(tspec, "domain.devices.filesystems") or []:
@@ -395,7 +402,8 @@ class Workstations(LoggingConfigurable):
             # (no usage: qemu-ga's filesystem list leaves out filesystems without a block device)
             shared.append({"name": fs.get("name"), "claim": claim.get("claimName"),
                            "read_only": bool(claim.get("readOnly")), "path": paths.get(fs.get("name"))})
-        return {"scratch": measured("scratch", scratch.get("capacity")) if scratch else None, "shared": shared}
+        return {"extra": extra, "scratch": measured("scratch", scratch.get("capacity")) if scratch else None,
+                "shared": shared}
 
     async def _live_usage(self, ws: Workstation) -> dict | None:
         try:
@@ -408,9 +416,10 @@ class Workstations(LoggingConfigurable):
         usage: dict = {"live": True}
         for fs in filesystems:
             serials = {d.get("serial") for d in fs.get("disk") or []}
+            extra = sorted(s for s in serials if s and s.startswith(m.EXTRA_DISK_PREFIX))
             disk = ("root" if ROOT_DISK_SERIAL in serials or fs.get("mountPoint") == "/"
                     else "workspace" if WORKSPACE_DISK_SERIAL in serials
-                    else "scratch" if SCRATCH_DISK_SERIAL in serials else None)
+                    else "scratch" if SCRATCH_DISK_SERIAL in serials else extra[0] if extra else None)
             if disk and disk not in usage:
                 usage[disk] = {"used": int(fs.get("usedBytes") or 0), "total": int(fs.get("totalBytes") or 0), "at": at}
         return usage
@@ -418,14 +427,16 @@ class Workstations(LoggingConfigurable):
     async def _remember_usage(self, ws: Workstation, usage: dict):
         """Kept in memory, and on the VM when a level changes (what a stopped machine shows)."""
         key = (ws.ident.user, ws.ident.server)
-        stored = {disk: usage[disk] for disk in ("root", "workspace") if disk in usage}
+        # (the disks that are kept: the scratch disk's usage is gone with the machine)
+        stored = {disk: seen for disk, seen in usage.items()
+                  if disk in ("root", "workspace") or disk.startswith(m.EXTRA_DISK_PREFIX)}
         before = _json(((ws.vm or {}).get("metadata", {}).get("annotations") or {}).get(ANNOTATION_DISK_USAGE)) or {}
         self._usage[key] = stored
 
         def level(data: dict, disk: str):
             d = data.get(disk) or {}
             return usage_level(100.0 * d["used"] / d["total"]) if d.get("total") else None
-        if any(level(stored, d) != level(before, d) for d in ("root", "workspace")) or not before:
+        if any(level(stored, d) != level(before, d) for d in {*stored, *before}) or not before:
             await ws.kube.patch(k.VM, ws.ident.namespace, ws.ident.vm, {"metadata": {"annotations": {
                 ANNOTATION_DISK_USAGE: json.dumps(stored, sort_keys=True)}}})
 

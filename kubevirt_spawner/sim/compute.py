@@ -7,11 +7,20 @@ import asyncio
 import base64
 import binascii
 import copy
+import json
 import logging
 import os
 import shutil
 
-from ..objects import SCRATCH_DISK_SERIAL, SCRATCH_MOUNT, WORKSPACE_DISK_SERIAL, WORKSPACE_MOUNT, field_value
+from ..objects import (
+    EXTRA_DISK_PREFIX,
+    EXTRA_DISKS_ENV,
+    SCRATCH_DISK_SERIAL,
+    SCRATCH_MOUNT,
+    WORKSPACE_DISK_SERIAL,
+    WORKSPACE_MOUNT,
+    field_value,
+)
 from ..quantity import parse_quantity
 from . import errors
 from .admission import admit, check_quota, gpu_requests
@@ -20,6 +29,7 @@ from .guests import (
     Guest,
     boot_problem,
     clear_runtime,
+    extra_disk_mounts,
     first_boot,
     guest_arguments,
     guest_environment,
@@ -620,6 +630,18 @@ class Compute:
                     return pvc, self.c.volume_dir(pvc)
         return None, None
 
+    def extra_disk_dirs(self, vmi: dict) -> dict[str, str]:
+        """Serial -> directory of each extra disk (a claim whose disk serial is disk-NAME)."""
+        out = {}
+        for disk in field_value(vmi, "spec.domain.devices.disks") or []:
+            serial = disk.get("serial") or ""
+            if serial.startswith(EXTRA_DISK_PREFIX):
+                _, directory = self._disk_dir(vmi, serial)
+                if directory is not None:
+                    os.makedirs(directory, exist_ok=True)
+                    out[serial] = directory
+        return out
+
     def _mount_workspace(self, vmi: dict, root: str):
         """What the golden image's fstab does: the disk with serial `workspace` on /home (a link
         here; the root disk's own /home, if any, is hidden while it is mounted)."""
@@ -741,7 +763,8 @@ class Compute:
         guest = Guest(key, ip, root, guest_environment(datas), guest_arguments(datas),
                       os.path.join(self.c.state_dir, "guests", f"{key[0]}_{key[1]}.log"), self.c.guest_command)
         guest.uid = vmi["metadata"]["uid"]
-        guest.mounts = shared_data_mounts(guest.env, self.shared_dirs(vmi), root)
+        guest.mounts = extra_disk_mounts(guest.env, self.extra_disk_dirs(vmi), root) + shared_data_mounts(
+            guest.env, self.shared_dirs(vmi), root)
         self.guests[key] = guest
         clear_runtime(root)  # a boot: nothing of the last one's memory is there
         self.write_guest_facts(key)
@@ -1262,6 +1285,21 @@ class Compute:
             out.append({"diskName": "vdb", "mountPoint": WORKSPACE_MOUNT, "fileSystemType": "ext4",
                         "usedBytes": used, "totalBytes": max(size, used),
                         "disk": [{"busType": "virtio", "serial": WORKSPACE_DISK_SERIAL}]})
+        try:
+            listed = json.loads(self.guest_env(vmi).get(EXTRA_DISKS_ENV) or "[]")
+        except ValueError:
+            listed = []
+        paths = {e.get("serial"): e.get("path") for e in listed if isinstance(e, dict)} if isinstance(listed, list) \
+            else {}
+        for n, (serial, directory) in enumerate(sorted(self.extra_disk_dirs(vmi).items())):
+            if not isinstance(paths.get(serial), str):
+                continue  # (the launcher mounts only what the hub's list names)
+            pvc, _ = self._disk_dir(vmi, serial)
+            size = int(parse_quantity(field_value(pvc, "status.capacity.storage") or "0"))
+            used = directory_size(directory)
+            out.append({"diskName": f"vd{chr(ord('d') + n)}", "mountPoint": paths[serial], "fileSystemType": "ext4",
+                        "usedBytes": used, "totalBytes": max(size, used),
+                        "disk": [{"busType": "virtio", "serial": serial}]})
         scratch = self._scratch_dir(vmi)
         if self._has_empty_disk(vmi, SCRATCH_DISK_SERIAL) and os.path.isdir(scratch):
             capacity = next((v["emptyDisk"].get("capacity") for v in field_value(vmi, "spec.volumes") or []

@@ -21,7 +21,7 @@ import sys
 import time
 import uuid
 
-from ..objects import SHARED_DATA_ENV, check_mount_path
+from ..objects import EXTRA_DISKS_ENV, SHARED_DATA_ENV, check_mount_path
 from . import sshd as sim_sshd
 
 log = logging.getLogger(__name__)
@@ -344,6 +344,26 @@ def shared_data_mounts(env: dict[str, str], shares: dict[str, tuple[str, bool]],
         if entry.get("tag") in shares:
             source, read_only = shares[entry["tag"]]
             out.append((source, os.path.join(root, path.lstrip("/")), read_only or bool(entry.get("readOnly"))))
+    return out
+
+
+def extra_disk_mounts(env: dict[str, str], disks: dict[str, str], root: str) -> list[tuple[str, str, bool]]:
+    """What the golden image's launcher mounts (guest/launch.py, mount_extra_disks): each entry
+    of KUBEVIRT_EXTRA_DISKS whose serial the machine has (`disks`: serial -> the claim's
+    directory), read-write at its path under the machine's root. The launcher leaves out entries
+    it cannot use, and so does this."""
+    try:
+        entries = json.loads(env.get(EXTRA_DISKS_ENV) or "[]")
+    except ValueError:
+        return []
+    out = []
+    for entry in entries if isinstance(entries, list) else []:
+        try:
+            path = check_mount_path(entry.get("path"))
+        except (ValueError, AttributeError):
+            continue
+        if entry.get("serial") in disks:
+            out.append((disks[entry["serial"]], os.path.join(root, path.lstrip("/")), False))
     return out
 
 
