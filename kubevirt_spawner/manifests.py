@@ -299,8 +299,10 @@ def namespace_metadata(what: str, items: dict, user_slug: str, labels: bool) -> 
     ValueError with a sentence naming the setting and the entry."""
     out = {}
     for key, template in items.items():
-        if not isinstance(key, str) or len(key) > 316 or not _QUALIFIED_NAME.match(key) \
-                or (key.split("/")[0] if "/" in key else "") in ("kubernetes.io", "k8s.io"):
+        prefix = key.split("/")[0] if isinstance(key, str) and "/" in key else ""
+        if not isinstance(key, str) or len(prefix) > 253 \
+                or not _QUALIFIED_NAME.match(key) \
+                or any(prefix == p or prefix.endswith("." + p) for p in ("kubernetes.io", "k8s.io")):
             raise ValueError(f"{what}: {key!r} is not a key of one's own (prefix/name, outside kubernetes.io)")
         if key == OWN_NAMESPACE_KEYS[0] or key.startswith(OWN_NAMESPACE_KEYS[1]):
             raise ValueError(f"{what}: {key} is kubevirt-spawner's own")

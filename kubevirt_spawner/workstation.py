@@ -396,10 +396,11 @@ class Workstation:
             await self._ensure(k.SERVICE, m.service(ident, spec), self.caches.services)
 
     async def _check_shared_claims(self):
-        """Every shared data claim the machine mounts is there, and is a filesystem (virtiofs
-        shares files; a Block claim has none): a machine started without it would wait in
-        Pending for a claim that may never come. The claims are the administrator's: never
-        made, changed or deleted here."""
+        """Every shared data claim the machine mounts is there, is no workstation's disk (in a
+        namespace shared by several users, a profile or a typed choice naming one would hand it
+        over), and is a filesystem (virtiofs shares files; a Block claim has none): a machine
+        started without it would wait in Pending for a claim that may never come. The claims
+        are the administrator's: never made, changed or deleted here."""
         for share in self.spec.shared_data:
             where = f"{self.ident.namespace}/{share.claim}"
             # (a list by name: the hub lists and watches claims, and may not get one)
@@ -410,6 +411,11 @@ class Workstation:
                     f"The shared data volume {where} that your workstation mounts at {share.path} does not exist, "
                     "so nothing was started; ask your administrator to make it or to take it out of your profile.",
                     reason="shared-data", status_code=409)
+            if (field_value(pvc, "metadata.labels") or {}).get("app.kubernetes.io/managed-by") == m.MANAGED_BY:
+                raise WorkstationError(
+                    f"The shared data volume {where} that your workstation mounts at {share.path} is a disk of a "
+                    "workstation, not shared data, so nothing was started; ask your administrator to correct the "
+                    "profile.", reason="shared-data", status_code=409)
             if field_value(pvc, "spec.volumeMode") == "Block":
                 raise WorkstationError(
                     f"The shared data volume {where} that your workstation mounts at {share.path} is a block "

@@ -1614,6 +1614,17 @@ async def test_shared_data_needs_its_gate_and_its_claim_before_anything_is_made(
                                        "at /data/datasets does not exist, so nothing was started"):
             await workstation(env, "shira", spec).start({}, [])
         assert await objects_in(env, "notebook-shira") == empty
+        # a workstation's disk (in a namespace several users share, a typed choice could name one)
+        disk = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": {"name": "datasets", "namespace": "notebook-shira",
+                             "labels": {"app.kubernetes.io/managed-by": m.MANAGED_BY}},
+                "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}
+        await env.admin.create(k.PVC, disk)
+        with user_error("shared-data", "is a disk of a workstation, not shared data, so nothing was started"):
+            await workstation(env, "shira", spec).start({}, [])
+        await env.admin.delete(k.PVC, "notebook-shira", "datasets")
+        while await env.admin.get(k.PVC, "notebook-shira", "datasets") is not None:
+            await asyncio.sleep(0.05)
         claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
                  "metadata": {"name": "datasets", "namespace": "notebook-shira"},
                  "spec": {"accessModes": ["ReadOnlyMany"], "volumeMode": "Block",

@@ -13,6 +13,12 @@ export interface IDisk {
   live: boolean;
 }
 
+export interface IExtraDisk extends IDisk {
+  name: string;
+  path: string;
+  claim: string;
+}
+
 export interface IShare {
   name: string;
   claim: string;
@@ -44,6 +50,7 @@ export interface IStatus {
   disks: {
     root: IDisk | null;
     workspace: IDisk | null;
+    extra?: IExtraDisk[]; // the profile's data disks, kept like the workspace disk
     scratch?: IDisk | null; // blank at every start, on /scratch
     shared?: IShare[]; // the admin's claims, mounted through virtiofs
   };

@@ -109,7 +109,7 @@ export class WorkstationPanel extends Widget {
       workspace: 'Workspace disk',
       scratch: 'Scratch disk (/scratch, emptied at every start)'
     };
-    const bar = (label: string, disk: IDisk | null) => {
+    const bar = (label: string, disk: IDisk | null, title?: string) => {
       if (!disk) {
         return null;
       }
@@ -121,7 +121,7 @@ export class WorkstationPanel extends Widget {
       return h(
         'div',
         { class: `kvs-disk kvs-level-${disk.level ?? 'unknown'}`, 'data-disk': label },
-        h('div', { class: 'kvs-disk-label' }, `${DISK_NAMES[label] ?? label} · ${disk.size ?? ''}`),
+        h('div', { class: 'kvs-disk-label' }, `${title ?? DISK_NAMES[label] ?? label} · ${disk.size ?? ''}`),
         h(
           'div',
           {
@@ -150,6 +150,7 @@ export class WorkstationPanel extends Widget {
       { class: 'kvs-disks' },
       bar('root', status.disks.root),
       bar('workspace', status.disks.workspace),
+      ...(status.disks.extra ?? []).map(disk => bar(`disk-${disk.name}`, disk, `Disk ${disk.name} (${disk.path})`)),
       bar('scratch', status.disks.scratch ?? null),
       ...shares
     );

@@ -27,9 +27,11 @@ c.KubeVirtSpawner.http_timeout = {BOOT_TIMEOUT - 60}
 c.KubeVirtSpawner.profile_list = [
     {{"display_name": "Test machine: 2 CPUs, 2 GiB", "slug": "small", "default": True,
       "kubevirt_override": {{"cpu_guarantee": 2, "mem_guarantee": "2G"}}}},
-    {{"display_name": "Test machine booting through EFI, with shared data and scratch", "slug": "efi",
+    {{"display_name": "Test machine booting through EFI, with shared data, an extra disk and scratch",
+      "slug": "efi",
       "kubevirt_override": {{"cpu_guarantee": 2, "mem_guarantee": "2G", "firmware": "efi",
                             "scratch_disk_size": "1Gi",
+                            "extra_disks": [{{"name": "models", "size": "1Gi", "mount_path": "/data/models"}}],
                             "shared_data": [{{"claim": "datasets", "mount_path": "/data/datasets",
                                               "read_only": True}}]}}}},
 ]

@@ -348,7 +348,9 @@ def test_a_clone_boots_through_efi_too(hub: Hub, cluster: Cluster):
     His profile also mounts a shared dataset read-only and gives him a scratch disk (issue 26):
     the image's launcher mounts the virtiofs tag at its path (virtiofsd serves the claim, read-only
     as the launcher pod's readOnly mount: kubevirt pkg/virt-controller/services/rendervolumes.go,
-    converter/storage/virtiofs.go), and the emptyDisk (pkg/emptydisk) is blank at every start."""
+    converter/storage/virtiofs.go), and the emptyDisk (pkg/emptydisk) is blank at every start.
+    His extra disk (a blank DataVolume, disk serial disk-models) gets an ext4 filesystem of his own
+    from the image's launcher at its first boot and keeps his files across a stop and a start."""
     ns, vm = f"notebook-{EFI_USER}", f"{EFI_USER}-workstation"
     if (hub.server_model(USER) or {}).get("ready"):
         hub.stop_server(USER, timeout=GRACE + 60)  # (two TCG guests at once would halve each)
@@ -371,15 +373,20 @@ def test_a_clone_boots_through_efi_too(hub: Hub, cluster: Cluster):
     assert "Read-only file system" in refused and not (dataset / "x").exists(), refused
     assert sh(hub, "stat -c %a /scratch && findmnt -n -o FSTYPE /scratch && echo s > /scratch/s && ls /scratch",
               EFI_USER) == "1777\next4\nlost+found\ns\n"
+    mounted = sh(hub, "findmnt -n -o FSTYPE /data/models; readlink -f /dev/disk/by-id/virtio-disk-models; "
+                      "findmnt -n -o SOURCE /data/models; stat -c %U /data/models; echo m > /data/models/m && echo ok",
+                 EFI_USER).split()
+    assert mounted[0] == "ext4" and mounted[1] == mounted[2] and mounted[3:] == [EFI_USER, "ok"], mounted
     hub.stop_server(EFI_USER, timeout=GRACE + 60)
     console = (Path(cluster.sim.sim.state_dir) / "guests" / f"{ns}_{vm}.console.log").read_text(errors="replace")
     assert "BdsDxe" in console and "Welcome to GRUB" in console, console[:3000]
     token = hub_token(cluster, ns, f"{EFI_USER}-hub-env")
     images = volume_images(cluster, ns, shares=("datasets",))
-    assert set(images) == {f"{EFI_USER}-rootdisk", f"{EFI_USER}-workspace"}, images
+    assert set(images) == {f"{EFI_USER}-rootdisk", f"{EFI_USER}-workspace", f"{EFI_USER}-workspace-models"}, images
     for claim, image in images.items():
         assert not holds(image, token), f"the hub's token is on {claim}"
     hub.start_server(EFI_USER, profile="efi", timeout=BOOT_TIMEOUT)
     assert sh(hub, "cat /etc/bob.conf /opt/b/V ~/h.txt", EFI_USER) == "b\n2\nhis\n"
     assert sh(hub, "ls /scratch", EFI_USER) == "lost+found\n"  # a blank disk at every start
+    assert sh(hub, "cat /data/models/m", EFI_USER) == "m\n"
     hub.stop_server(EFI_USER, timeout=GRACE + 60)
