@@ -471,6 +471,11 @@ def firmware(kind: str) -> dict:
 
 def virtual_machine(ident: Identity, spec: MachineSpec) -> dict:
     requests = {"cpu": spec.cpu, "memory": spec.memory}
+    if spec.scratch_disk_size:
+        # The emptyDisk is a file in the launcher pod's ephemeral storage on the node's disk:
+        # requested, the scheduler places the machine where it fits (virt-controller passes the
+        # domain's requests to the compute container: services/renderresources.go).
+        requests["ephemeral-storage"] = spec.scratch_disk_size
     resources: dict = {"requests": requests}
     limits = {k: v for k, v in (("cpu", spec.cpu_limit), ("memory", spec.memory_limit)) if v}
     if limits:

@@ -190,6 +190,8 @@ def test_shared_data_and_scratch_in_the_vm(schemas):
                                                                                 "readOnly": True}}
     assert volumes["team"] == {"name": "team", "persistentVolumeClaim": {"claimName": "physics-team-share"}}
     assert volumes["scratch"] == {"name": "scratch", "emptyDisk": {"capacity": "200Gi"}}
+    # (its room on the node's disk is requested: the domain's requests are the compute container's)
+    assert tspec["domain"]["resources"]["requests"]["ephemeral-storage"] == "200Gi"
     assert {"name": "scratch", "serial": "scratch", "disk": {"bus": "virtio"}} in tspec["domain"]["devices"]["disks"]
     schema = schemas.for_kind("VirtualMachine")
     assert schema.errors(vm) == [] and schema.unknown_fields(vm) == []
@@ -199,6 +201,7 @@ def test_shared_data_and_scratch_in_the_vm(schemas):
     assert m.guest_env(m.MachineSpec(ssh_enabled=False)) == {"KUBEVIRT_SSH_ENABLED": "0"}
     plain = m.virtual_machine(IDENT, GPU_SPEC)["spec"]["template"]["spec"]
     assert "filesystems" not in plain["domain"]["devices"] and "scratch" not in {v["name"] for v in plain["volumes"]}
+    assert "ephemeral-storage" not in plain["domain"]["resources"]["requests"]
 
 
 def test_extra_disks_in_the_vm_and_as_datavolumes(schemas):

@@ -216,9 +216,9 @@ def test_a_virtiofs_share_is_served_by_virtiofsd_that_qemu_connects_to(tmp_path)
         assert vm.poll() is None, vm.stderr.read().decode()
         vm.terminate()
         vm.wait(10)
-        assert server.wait(10) == 0
-        said = (tmp_path / "virtiofsd.log").read_text()
-        assert "Received vhost-user socket connection" in said, said
+        # virtiofsd serves one connection and ends when its vhost-user client goes: one that QEMU
+        # never reached would still be waiting (the C and the Rust daemon alike; no log text checked)
+        assert server.wait(10) == 0, (tmp_path / "virtiofsd.log").read_text()
     finally:
         if server.poll() is None:
             os.killpg(server.pid, 9)
