@@ -302,7 +302,7 @@ def namespace_metadata(what: str, items: dict, user_slug: str, labels: bool) -> 
         prefix = key.split("/")[0] if isinstance(key, str) and "/" in key else ""
         if not isinstance(key, str) or len(prefix) > 253 \
                 or not _QUALIFIED_NAME.match(key) \
-                or any(prefix == p or prefix.endswith("." + p) for p in ("kubernetes.io", "k8s.io")):
+                or prefix in ("kubernetes.io", "k8s.io"):  # (a site may list pod-security.kubernetes.io/)
             raise ValueError(f"{what}: {key!r} is not a key of one's own (prefix/name, outside kubernetes.io)")
         if key == OWN_NAMESPACE_KEYS[0] or key.startswith(OWN_NAMESPACE_KEYS[1]):
             raise ValueError(f"{what}: {key} is kubevirt-spawner's own")

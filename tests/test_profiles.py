@@ -537,8 +537,6 @@ def test_extra_disks_are_a_setting_a_profile_may_change_and_count_in_the_storage
     ("namespace_labels", {"example.com/team": "x" * 40 + "-{user}"}, "not a label value"),
     ("namespace_labels", {"kubevirt-spawner.io/user": "x"}, "kubevirt-spawner's own"),
     ("namespace_labels", {"kubernetes.io/metadata.name": "x"}, "not a key of one's own"),
-    ("namespace_labels", {"pod-security.kubernetes.io/enforce": "privileged"}, "not a key of one's own"),
-    ("namespace_annotations", {"scheduler.alpha.k8s.io/node-selector": "x"}, "not a key of one's own"),
     ("namespace_annotations", {"a" * 254 + ".com/x": "y"}, "not a key of one's own"),
     ("namespace_annotations", {"bad key!": "x"}, "not a key of one's own"),
 ])
