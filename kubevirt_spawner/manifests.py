@@ -95,17 +95,22 @@ _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 SHARED_DATA_KEYS = {"name", "claim", "mount_path", "read_only"}
 
 
+def _check_entry(item, keys: set[str], needed: str, what: str) -> None:
+    """One entry of a list setting is a dict of known keys, or ValueError with a sentence."""
+    if not isinstance(item, dict):
+        raise ValueError(f"{item!r} is not a dict with {needed}")
+    unknown = sorted(set(item) - keys)
+    if unknown:
+        raise ValueError(f"{item!r}: unknown keys {', '.join(map(str, unknown))}; {what} has "
+                         f"{', '.join(sorted(keys))}")
+
+
 def shared_data(items) -> tuple[SharedData, ...]:
     """The shared data of a setting such as `[{"claim": "datasets", "mount_path": "/data/datasets",
     "read_only": True}]` (`name` defaults to the claim's), or ValueError with a sentence."""
     out: list[SharedData] = []
     for item in items or ():
-        if not isinstance(item, dict):
-            raise ValueError(f"{item!r} is not a dict with claim, mount_path and read_only")
-        unknown = sorted(set(item) - SHARED_DATA_KEYS)
-        if unknown:
-            raise ValueError(f"{item!r}: unknown keys {', '.join(map(str, unknown))}; a shared data entry has "
-                             f"{', '.join(sorted(SHARED_DATA_KEYS))}")
+        _check_entry(item, SHARED_DATA_KEYS, "claim, mount_path and read_only", "a shared data entry")
         claim = item.get("claim")
         if not isinstance(claim, str) or len(claim) > 253 or not _DNS_SUBDOMAIN.match(claim):
             raise ValueError(f"{item!r}: claim must be the name of a PersistentVolumeClaim of the workstation's "
@@ -160,12 +165,7 @@ def extra_disks(items) -> tuple[ExtraDisk, ...]:
     starts as a copy of a prepared claim), or ValueError with a sentence."""
     out: list[ExtraDisk] = []
     for item in items or ():
-        if not isinstance(item, dict):
-            raise ValueError(f"{item!r} is not a dict with name, size and mount_path")
-        unknown = sorted(set(item) - EXTRA_DISK_KEYS)
-        if unknown:
-            raise ValueError(f"{item!r}: unknown keys {', '.join(map(str, unknown))}; an extra disk has "
-                             f"{', '.join(sorted(EXTRA_DISK_KEYS))}")
+        _check_entry(item, EXTRA_DISK_KEYS, "name, size and mount_path", "an extra disk")
         name = item.get("name")
         if not isinstance(name, str) or len(name) > EXTRA_DISK_NAME_MAX or not _DNS_LABEL.match(name):
             raise ValueError(f"{item!r}: name must be 1 to {EXTRA_DISK_NAME_MAX} lower-case letters, digits and "

@@ -263,20 +263,13 @@ class KubeVirtSpawner(Spawner):
             raise TraitError(str(exc)) from None
         return proposal["value"]
 
-    @validate("shared_data")
-    def _check_shared_data(self, proposal):
+    @validate("shared_data", "extra_disks")
+    def _check_data_volumes(self, proposal):
+        name = proposal["trait"].name
         try:
-            m.shared_data(proposal["value"])
+            {"shared_data": m.shared_data, "extra_disks": m.extra_disks}[name](proposal["value"])
         except ValueError as exc:
-            raise TraitError(f"KubeVirtSpawner.shared_data: {exc}") from None
-        return proposal["value"]
-
-    @validate("extra_disks")
-    def _check_extra_disks(self, proposal):
-        try:
-            m.extra_disks(proposal["value"])
-        except ValueError as exc:
-            raise TraitError(f"KubeVirtSpawner.extra_disks: {exc}") from None
+            raise TraitError(f"KubeVirtSpawner.{name}: {exc}") from None
         return proposal["value"]
 
     @validate("root_disk_size", "workspace_disk_size", "scratch_disk_size")

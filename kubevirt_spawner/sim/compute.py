@@ -7,7 +7,6 @@ import asyncio
 import base64
 import binascii
 import copy
-import json
 import logging
 import os
 import shutil
@@ -33,6 +32,7 @@ from .guests import (
     first_boot,
     guest_arguments,
     guest_environment,
+    listed_mounts,
     shared_data_mounts,
     write_logins,
     write_nvidia_smi,
@@ -1285,14 +1285,9 @@ class Compute:
             out.append({"diskName": "vdb", "mountPoint": WORKSPACE_MOUNT, "fileSystemType": "ext4",
                         "usedBytes": used, "totalBytes": max(size, used),
                         "disk": [{"busType": "virtio", "serial": WORKSPACE_DISK_SERIAL}]})
-        try:
-            listed = json.loads(self.guest_env(vmi).get(EXTRA_DISKS_ENV) or "[]")
-        except ValueError:
-            listed = []
-        paths = {e.get("serial"): e.get("path") for e in listed if isinstance(e, dict)} if isinstance(listed, list) \
-            else {}
+        paths = {entry.get("serial"): path for entry, path in listed_mounts(self.guest_env(vmi), EXTRA_DISKS_ENV)}
         for n, (serial, directory) in enumerate(sorted(self.extra_disk_dirs(vmi).items())):
-            if not isinstance(paths.get(serial), str):
+            if serial not in paths:
                 continue  # (the launcher mounts only what the hub's list names)
             pvc, _ = self._disk_dir(vmi, serial)
             size = int(parse_quantity(field_value(pvc, "status.capacity.storage") or "0"))

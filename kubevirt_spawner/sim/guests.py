@@ -325,22 +325,30 @@ class Guest:
             _signal_group(self.proc.pid, signal.SIGKILL)
 
 
-def shared_data_mounts(env: dict[str, str], shares: dict[str, tuple[str, bool]], root: str
-                       ) -> list[tuple[str, str, bool]]:
-    """What the golden image's launcher mounts (guest/launch.py, mount_shared_data): each entry
-    of KUBEVIRT_SHARED_DATA whose tag the machine serves, at its path under the machine's root;
-    read-only when virt-launcher serves it so (`shares`: tag -> (directory, read-only)) or the
-    entry asks. Entries it cannot use are left out, as the launcher logs and skips them."""
+def listed_mounts(env: dict[str, str], variable: str) -> list[tuple[dict, str]]:
+    """The entries of one of the hub's JSON lists (KUBEVIRT_SHARED_DATA, KUBEVIRT_EXTRA_DISKS)
+    with their mount points; entries the launcher cannot use are left out, as it leaves them."""
     try:
-        entries = json.loads(env.get(SHARED_DATA_ENV) or "[]")
+        entries = json.loads(env.get(variable) or "[]")
     except ValueError:
         return []
     out = []
     for entry in entries if isinstance(entries, list) else []:
         try:
-            path = check_mount_path(entry.get("path"))
+            out.append((entry, check_mount_path(entry.get("path"))))
         except (ValueError, AttributeError):
             continue
+    return out
+
+
+def shared_data_mounts(env: dict[str, str], shares: dict[str, tuple[str, bool]], root: str
+                       ) -> list[tuple[str, str, bool]]:
+    """What the golden image's launcher mounts (guest/launch.py, mount_shared_data): each entry
+    of KUBEVIRT_SHARED_DATA whose tag the machine serves, at its path under the machine's root;
+    read-only when virt-launcher serves it so (`shares`: tag -> (directory, read-only)) or the
+    entry asks."""
+    out = []
+    for entry, path in listed_mounts(env, SHARED_DATA_ENV):
         if entry.get("tag") in shares:
             source, read_only = shares[entry["tag"]]
             out.append((source, os.path.join(root, path.lstrip("/")), read_only or bool(entry.get("readOnly"))))
@@ -350,21 +358,9 @@ def shared_data_mounts(env: dict[str, str], shares: dict[str, tuple[str, bool]],
 def extra_disk_mounts(env: dict[str, str], disks: dict[str, str], root: str) -> list[tuple[str, str, bool]]:
     """What the golden image's launcher mounts (guest/launch.py, mount_extra_disks): each entry
     of KUBEVIRT_EXTRA_DISKS whose serial the machine has (`disks`: serial -> the claim's
-    directory), read-write at its path under the machine's root. The launcher leaves out entries
-    it cannot use, and so does this."""
-    try:
-        entries = json.loads(env.get(EXTRA_DISKS_ENV) or "[]")
-    except ValueError:
-        return []
-    out = []
-    for entry in entries if isinstance(entries, list) else []:
-        try:
-            path = check_mount_path(entry.get("path"))
-        except (ValueError, AttributeError):
-            continue
-        if entry.get("serial") in disks:
-            out.append((disks[entry["serial"]], os.path.join(root, path.lstrip("/")), False))
-    return out
+    directory), read-write at its path under the machine's root."""
+    return [(disks[entry["serial"]], os.path.join(root, path.lstrip("/")), False)
+            for entry, path in listed_mounts(env, EXTRA_DISKS_ENV) if entry.get("serial") in disks]
 
 
 def in_mount_namespace(mounts: list[tuple[str, str, bool]], cmd: list[str]) -> list[str]:
