@@ -126,6 +126,12 @@ def _ssh_config(args) -> int:
     return _client(work)
 
 
+def _admin_drain(args) -> int:
+    from . import admin, ssh
+    return _client(lambda: asyncio.run(admin.drain(ssh.resolve_login(args.hub_url, args.token), args.node,
+                                                   args.dry_run, args.reason, args.timeout, sys.stdout)))
+
+
 def _add_login_flags(parser) -> None:
     parser.add_argument("--hub-url", default=None, help="the hub's URL (default: $JUPYTERHUB_URL, else the login's)")
     parser.add_argument("--token", default=None, help="a JupyterHub API token (default: $JUPYTERHUB_API_TOKEN, "
@@ -183,6 +189,17 @@ def main(argv: list[str] | None = None) -> int:
     config.add_argument("--prefix", default="kubevirt.", help="the Host names' prefix (default kubevirt.)")
     _add_login_flags(config)
     config.set_defaults(func=_ssh_config)
+    admin = sub.add_parser("admin", help="what a hub admin does: drain a node's workstations")
+    admin_sub = admin.add_subparsers(dest="admin_command", required=True)
+    drain = admin_sub.add_parser("drain", help="warn the workstations on a node, stop each after its grace, wait "
+                                               "until none runs there, then print the kubectl drain to run")
+    drain.add_argument("node", help="the node's Kubernetes name")
+    drain.add_argument("--dry-run", action="store_true", help="only list who would be warned")
+    drain.add_argument("--reason", default=None, help="why, shown to the users in their warning (one line)")
+    drain.add_argument("--timeout", type=float, default=None,
+                       help="seconds to wait for the workstations to stop (default: the grace and 5 minutes)")
+    _add_login_flags(drain)
+    drain.set_defaults(func=_admin_drain)
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command in ("sim", "demo") and args.speed <= 0:

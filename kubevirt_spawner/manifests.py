@@ -45,9 +45,13 @@ ANNOTATION_RETAIN_UNTIL = LABEL_PREFIX + "retain-until"
 # When the JupyterHub account was made: an account deleted and made again under the same name may
 # be another person, so its kept disks need an administrator's word (ANNOTATION_CONFIRMED_FOR).
 ANNOTATION_USER_CREATED = LABEL_PREFIX + "user-created"
+# A drain of the workstation's node, as the workstations service handles it (JSON: node, reason,
+# since, deadline, by; stopped_at once it stopped): on the VM, so it outlives a service restart.
+ANNOTATION_DRAIN = LABEL_PREFIX + "drain"
 ANNOTATION_CONFIRMED_FOR = LABEL_PREFIX + "confirmed-for-user-created"
 
 JUPYTER_PORT = 8888
+EVICTION_STRATEGY = "External"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -519,6 +523,11 @@ def virtual_machine(ident: Identity, spec: MachineSpec) -> dict:
         devices["filesystems"] = filesystems
     template_spec: dict = {
         "terminationGracePeriodSeconds": spec.termination_grace_period,
+        # A drain's eviction of the launcher pod is denied and the VMI marked for evacuation
+        # (status.evacuationNodeName), so the workstations service warns its user and stops it
+        # after c.Workstations.drain_grace; KubeVirt's default (None) would let the eviction shut
+        # the guest down unwarned (virt-api's pod-eviction-admitter.go).
+        "evictionStrategy": EVICTION_STRATEGY,
         "domain": {"memory": {"guest": spec.memory_guest or spec.memory}, "resources": resources,
                    "firmware": firmware(spec.firmware), "devices": devices},
         "networks": [{"name": "default", "pod": {}}],

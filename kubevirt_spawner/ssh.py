@@ -160,7 +160,10 @@ class Hub:
         return self.login.url + "hub/api/" + path
 
     async def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        url = self.api(path)
+        return await self.request(method, self.api(path), body)
+
+    async def request(self, method: str, url: str, body: Any = None) -> tuple[int, Any]:
+        """A JSON request with the token to one of the hub's URLs (its API, a service's)."""
         try:
             async with self.session.request(method, url, headers=self.headers, json=body, allow_redirects=False,
                                             timeout=aiohttp.ClientTimeout(total=CONNECT_TIMEOUT)) as r:

@@ -16,7 +16,8 @@ def clone_dv(name: str, size: str = "60Gi") -> dict:  # not smaller than the gol
 
 
 def vm(name: str, claim: str, gpu: bool = False, run_strategy: str = "Halted", cpu: str = "2",
-       memory: str = "4Gi", labels: dict | None = None, secret: str | None = None) -> dict:
+       memory: str = "4Gi", labels: dict | None = None, secret: str | None = None,
+       eviction_strategy: str | None = None, node: str | None = None) -> dict:
     spec = {"terminationGracePeriodSeconds": 5,
             "domain": {"resources": {"requests": {"cpu": cpu, "memory": memory}},
                        "devices": {"disks": [{"name": "rootdisk", "disk": {"bus": "virtio"}}],
@@ -28,6 +29,10 @@ def vm(name: str, claim: str, gpu: bool = False, run_strategy: str = "Halted", c
         spec["tolerations"] = [{"key": "workload.example.com/kubevirt", "operator": "Equal", "value": "true",
                                 "effect": "NoSchedule"}]
         spec["domain"]["devices"]["gpus"] = [{"name": "gpu0", "deviceName": "nvidia.com/A100-PCIE-40GB"}]
+    if eviction_strategy:
+        spec["evictionStrategy"] = eviction_strategy
+    if node:
+        spec.setdefault("nodeSelector", {})["kubernetes.io/hostname"] = node
     if secret:
         spec["domain"]["devices"]["disks"].append({"name": "hubenv", "disk": {"bus": "virtio"}})
         spec["volumes"].append({"name": "hubenv", "secret": {"secretName": secret}})

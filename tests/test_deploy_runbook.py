@@ -15,6 +15,7 @@ simulator stands for).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import re
@@ -32,12 +33,14 @@ from kubevirt_spawner.service.web import load_hub_config
 from kubevirt_spawner.spawner import KubeVirtSpawner
 from kubevirt_spawner.workstation import Settings, Workstation
 
-from simtools import start_sim
+from simtools import start_sim, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
+NEW_IMAGE = "ubuntu-24-04-cuda-golden-2027-01"  # step 15's new golden image
 RUNBOOK = REPO / "deploy" / "README.md"
 # Commands that reach past the cluster: run by a platform team, not here.
-NOT_HERE = ("sudo ", "python3 ", "docker ", "helm ", "getent ", "curl ")
+# (`kubevirt-spawner admin` talks to the hub's workstations service: tests/e2e/test_drain.py)
+NOT_HERE = ("sudo ", "python3 ", "docker ", "helm ", "getent ", "curl ", "kubevirt-spawner ")
 RELEASES = re.compile(r'^kubectl apply -f "https://github\.com/kubevirt/(kubevirt|containerized-data-importer)/'
                       r'releases/download/\$\{(KUBEVIRT|CDI)_VERSION\}/(kubevirt|cdi)-operator\.yaml"$')
 
@@ -112,8 +115,8 @@ NAMESPACE_RULES = Settings(url_mode="cluster-ip", start_timeout=120,
                            namespace_limits=tuple(SPAWNER.namespace_limit_range))
 
 
-def as_the_hub(sim, action):
-    """Run `action(workstation)` on alice's workstation with the spawner's own lifecycle code."""
+def as_the_hub(sim, action, user: str = "alice", spec=ALICE):
+    """Run `action(workstation)` on the user's workstation with the spawner's own lifecycle code."""
     log = logging.getLogger("runbook")
 
     async def run():
@@ -122,7 +125,7 @@ def as_the_hub(sim, action):
         caches.start()
         await caches.wait_synced(30)
         try:
-            await action(Workstation(kube, caches, names.identity("alice"), ALICE, NAMESPACE_RULES, log))
+            await action(Workstation(kube, caches, names.identity(user), spec, NAMESPACE_RULES, log))
         finally:
             caches.stop()
             await kube.aclose()
@@ -144,6 +147,39 @@ async def delete_the_user(ws: Workstation):
     await ws.retire()
 
 
+async def reset_the_system(ws: Workstation):
+    """The user's reset, on a stopped machine: the root disk cloned anew from the image the hub
+    is configured with now (operations.py's reset, less its safety snapshot)."""
+    await ws.delete_root_disk()
+    await ws.clone_root_disk()
+
+
+async def start(ws: Workstation):
+    await ws.start({"JUPYTERHUB_API_TOKEN": "t"}, [])
+
+
+def kubectl(sim, *args: str) -> str:
+    done = subprocess.run(["kubectl", *args], env={**os.environ, "KUBECONFIG": sim.kubeconfig}, capture_output=True,
+                          text=True, timeout=60, check=True)
+    return done.stdout
+
+
+def drained_as_the_service_does(sim, book: Runbook, command: str, user: str) -> str:
+    """Step 12's `kubectl drain`, with the workstations service's part played here: the drain's
+    eviction marks the user's VMI (KubeVirt's webhook for evictionStrategy External), and once it
+    is marked the machine is stopped (what the service does after the grace; tests/e2e/
+    test_drain.py runs the service itself); then the drain completes."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        drain = pool.submit(book.run, command)
+        vmi = f"vmi/{user}-workstation"
+        wait_for(lambda: drain.done() or kubectl(sim, "-n", f"notebook-{user}", "get", vmi, "-o",
+                                                 "jsonpath={.status.evacuationNodeName}") == "vm-cpu-1", 60,
+                 what="the drain to mark the VMI")
+        assert not drain.done(), f"the drain ended while a workstation ran on the node: {drain.exception()}"
+        as_the_hub(sim, stop, user)
+        return drain.result(timeout=120)
+
+
 def test_the_runbook_runs_against_the_simulator(cluster, tmp_path):
     workdir = tmp_path / "checkout"
     shutil.copytree(REPO / "deploy", workdir / "deploy", ignore=shutil.ignore_patterns("rendered"))
@@ -151,6 +187,7 @@ def test_the_runbook_runs_against_the_simulator(cluster, tmp_path):
     commands = runbook_commands()
     skipped_releases = []
     outputs: dict[str, str] = {}
+    begun: set[str] = set()
     for section, command in commands:
         if command.startswith(NOT_HERE):
             continue
@@ -164,9 +201,25 @@ def test_the_runbook_runs_against_the_simulator(cluster, tmp_path):
                 as_the_hub(cluster, stop)  # "Stopping from the hub's home page"
         if section.startswith("11.") and not any(c.startswith("kubectl get pvc -A -l") for c in book.ran):
             as_the_hub(cluster, delete_the_user)  # "Deleting a user ... on the hub's admin page"
+        if section.startswith("12.") and "12." not in begun:
+            # bob works on vm-cpu-1 when its maintenance comes
+            others = ("vm-cpu-2", "vm-gpu-pci-1")  # (the pool's other nodes)
+            kubectl(cluster, "cordon", *others)
+            as_the_hub(cluster, start, "bob")
+            kubectl(cluster, "uncordon", *others)
+        if section.startswith("15.") and "15." not in begun:
+            # "give it a new name and URL in deploy/settings.env"
+            settings = workdir / "deploy" / "settings.env"
+            settings.write_text(re.sub(r"(?m)^GOLDEN_IMAGE=.*$", f"GOLDEN_IMAGE={NEW_IMAGE}", re.sub(
+                r"(?m)^GOLDEN_IMAGE_URL=.*$", f"GOLDEN_IMAGE_URL=https://images.example.com/{NEW_IMAGE}.qcow2",
+                settings.read_text())))
+        begun.add(section[:3])
+        if section.startswith("12.") and command.startswith("kubectl drain "):
+            outputs[command] = drained_as_the_service_does(cluster, book, command, "bob")
+            continue
         outputs[command] = book.run(command)
-    # the two operators' releases are the only commands left to the cluster's owner
-    assert len(skipped_releases) == 2
+    # the two operators' releases (installed, then upgraded) are the only commands left to the cluster's owner
+    assert len(skipped_releases) == 4
     assert len(book.ran) >= 40
 
     def out(prefix: str) -> str:
@@ -176,6 +229,23 @@ def test_the_runbook_runs_against_the_simulator(cluster, tmp_path):
     assert "workload.example.com/kubevirt=true:NoSchedule" in out("kubectl describe node vm-gpu-pci-1")
     assert out("kubectl get kubevirt -n kubevirt kubevirt -o jsonpath") == "Deployed v1.9.0\n"
     assert "nvidia.com/A100-PCIE-40GB" in out("kubectl get node vm-gpu-pci-1 -o jsonpath")
+    # step 14: where KubeVirt and CDI stand, and their upgrades rolled out (here: the versions they run)
+    assert out("kubectl get kubevirt -n kubevirt kubevirt -o jsonpath='{.status.observedKubeVirtVersion} {.status.target"
+               ) == "v1.9.0 v1.9.0\n"
+    assert out("kubectl get kubevirt -n kubevirt kubevirt -o jsonpath='{.status.observedKubeVirtVersion} {.status.cond"
+               ) == "v1.9.0 False\n"
+    assert out("kubectl get cdi cdi -o jsonpath='{.status.observedVersion} {.status.cond") == "v1.66.0 False\n"
+    # step 15: the new image imported beside the old one; bob still runs the old system until he
+    # resets, which clones the new one (the hub pointed at it)
+    images = out('kubectl -n "$GOLDEN_NAMESPACE" get pvc')
+    assert NEW_IMAGE in images and "ubuntu-24-04-cuda-golden " in images and images.count("Bound") == 2, images
+    assert re.search(r"notebook-bob\s+bob-rootdisk\s+ubuntu-24-04-cuda-golden$", out("kubectl get dv -A -l"), re.M)
+    new_spec = production_spawner({"POD_NAMESPACE": "jupyterhub", "SUBDOMAIN_HOST": "https://jupyter.example.com",
+                                   "GOLDEN_IMAGE": f"vm-images/{NEW_IMAGE}"})
+    as_the_hub(cluster, reset_the_system, "bob", new_spec._machine_spec(next(
+        p for p in new_spec._profiles() if p.get("default"))))
+    assert kubectl(cluster, "-n", "notebook-bob", "get", "dv", "bob-rootdisk", "-o",
+                   "jsonpath={.spec.source.pvc.name}") == NEW_IMAGE
     assert out("kubectl get cdi cdi -o jsonpath") == "Deployed v1.66.0\n"
     assert "rbd.csi.ceph.com" in out("kubectl get csidriver rbd.csi.ceph.com")
     assert out('kubectl get storageprofile "$STORAGE_CLASS"') == "csi-clone\n"
@@ -207,3 +277,32 @@ def test_the_runbook_runs_against_the_simulator(cluster, tmp_path):
     assert "pvc-golden-ubuntu-24-04-cuda" in left  # (other volumes untouched)
     assert out("kubectl get pv -o jsonpath") == ""
     assert "hub-oidc" in out('kubectl -n "$HUB_NAMESPACE" get secret hub-oidc')
+    # step 12: bob's workstation listed on the node, the drain done once it stopped, the node back
+    assert "bob-workstation" in out("kubectl get vmi -A -l kubevirt.io/nodeName=vm-cpu-1")
+    assert "node/vm-cpu-1 drained" in out("kubectl drain vm-cpu-1")
+    assert re.search(r"vm-cpu-1\s+Ready,SchedulingDisabled\s.*\strue$", out("kubectl get node vm-cpu-1 -L"), re.M), \
+        out("kubectl get node vm-cpu-1 -L")
+    assert "node/vm-cpu-1 uncordoned" in out("kubectl uncordon vm-cpu-1")
+    assert kubectl(cluster, "get", "node", "vm-cpu-1", "-o", "jsonpath={.metadata.annotations}").find(
+        "drain-reason") == -1
+    # step 13: nothing on the GPU node when its binding changes; its GPUs advertised again
+    assert out("kubectl get vmi -A -l kubevirt.io/nodeName=vm-gpu-pci-1") == ""
+    assert "node/vm-gpu-pci-1 drained" in out("kubectl drain vm-gpu-pci-1")
+    assert "nvidia.com/A100-PCIE-40GB" in out("kubectl get node vm-gpu-pci-1 -o jsonpath")
+    # step 14: where KubeVirt and CDI stand, and their upgrades rolled out (here: the versions they run)
+    assert out("kubectl get kubevirt -n kubevirt kubevirt -o jsonpath='{.status.observedKubeVirtVersion} {.status.target"
+               ) == "v1.9.0 v1.9.0\n"
+    assert out("kubectl get kubevirt -n kubevirt kubevirt -o jsonpath='{.status.observedKubeVirtVersion} {.status.cond"
+               ) == "v1.9.0 False\n"
+    assert out("kubectl get cdi cdi -o jsonpath='{.status.observedVersion} {.status.cond") == "v1.66.0 False\n"
+    # step 15: the new image imported beside the old one; bob still runs the old system until he
+    # resets, which clones the new one (the hub pointed at it)
+    images = out('kubectl -n "$GOLDEN_NAMESPACE" get pvc')
+    assert NEW_IMAGE in images and "ubuntu-24-04-cuda-golden " in images and images.count("Bound") == 2, images
+    assert re.search(r"notebook-bob\s+bob-rootdisk\s+ubuntu-24-04-cuda-golden$", out("kubectl get dv -A -l"), re.M)
+    new_spec = production_spawner({"POD_NAMESPACE": "jupyterhub", "SUBDOMAIN_HOST": "https://jupyter.example.com",
+                                   "GOLDEN_IMAGE": f"vm-images/{NEW_IMAGE}"})
+    as_the_hub(cluster, reset_the_system, "bob", new_spec._machine_spec(next(
+        p for p in new_spec._profiles() if p.get("default"))))
+    assert kubectl(cluster, "-n", "notebook-bob", "get", "dv", "bob-rootdisk", "-o",
+                   "jsonpath={.spec.source.pvc.name}") == NEW_IMAGE

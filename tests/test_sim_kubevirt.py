@@ -993,3 +993,73 @@ def test_an_extra_disk_is_the_guests_at_its_path_and_keeps_its_files(custom, cor
     root = os.path.join(sim.cluster.state_dir, "volumes",
                         core.read_namespaced_persistent_volume_claim("ed-disk", ns).spec.volume_name)
     assert not os.path.exists(os.path.join(root, "data", "models", "weights.txt"))  # (on the disk, not the system)
+
+
+def test_kubectl_drain_evicts_as_kubevirt_does(custom, core, sim, tmp_path):
+    """`kubectl drain` (v1.32: staging/src/k8s.io/kubectl/pkg/drain/drain.go finds the Eviction API
+    in discovery, evicts, and retries a 429 every 5 s) against KubeVirt's eviction webhook
+    (pkg/virt-api/webhooks/validating-webhook/admitters/pod-eviction-admitter.go, v1.9): a VMI with
+    evictionStrategy External is marked for evacuation (status.evacuationNodeName) and its launcher
+    pod kept, denied with 429, again while marked; nothing migrates it (pkg/virt-controller/watch/
+    drain/evacuation/evacuation.go). A VMI with KubeVirt's default strategy (None,
+    pkg/virt-config/configuration.go) has its pod evicted, and its machine goes down with it."""
+    ns = "drain"
+    core.create_namespace({"metadata": {"name": ns}})
+    node = "vm-cpu-1"
+    running_vm(sim, custom, ns, "ext", eviction_strategy="External", node=node, run_strategy="Manual")
+    running_vm(sim, custom, ns, "plain", node=node, run_strategy="Manual")
+    env = {**os.environ, "KUBECONFIG": sim.kubeconfig}
+
+    def drain(*extra):
+        return subprocess.run(["kubectl", "drain", node, "--ignore-daemonsets", *extra], env=env,
+                              capture_output=True, text=True, timeout=60)
+
+    try:
+        refused = drain()  # launcher pods hold emptyDirs: kubectl asks for consent first
+        assert refused.returncode != 0 and "--delete-emptydir-data" in refused.stderr, refused.stderr
+        assert core.read_node(node).spec.unschedulable is True  # (cordoned before it looked at the pods)
+        # A dry run is denied too (the webhook answers it), and marks nothing.
+        launcher = next(p.metadata.name for p in core.list_namespaced_pod(ns).items
+                        if p.metadata.name.startswith("virt-launcher-ext-"))
+        with pytest.raises(ApiException) as dry:
+            core.create_namespaced_pod_eviction(launcher, ns, {"apiVersion": "policy/v1", "kind": "Eviction",
+                                                               "metadata": {"name": launcher, "namespace": ns}},
+                                                dry_run="All")
+        assert dry.value.status == 429
+        assert "evacuationNodeName" not in get(custom, KV, ns, "virtualmachineinstances", "ext")["status"]
+        assert vmi_phase(custom, ns, "plain") == "Running"
+
+        done = drain("--delete-emptydir-data", "--timeout=7s")
+        assert done.returncode != 0, done.stdout
+        ext = get(custom, KV, ns, "virtualmachineinstances", "ext")
+        assert ext["status"]["evacuationNodeName"] == node and ext["status"]["phase"] == "Running"
+        wait_for(lambda: any(c["type"] == "EvictionRequested" and c["status"] == "True" for c in
+                             get(custom, KV, ns, "virtualmachineinstances", "ext")["status"]["conditions"]),
+                 what="the VMI's EvictionRequested condition")
+        assert (f'admission webhook "virt-launcher-eviction-interceptor.kubevirt.io" denied the request: '
+                f'Eviction triggered evacuation of VMI "{ns}/ext"') in done.stderr
+        assert "will retry after 5s" in done.stderr and "Evacuation in progress" in done.stderr
+        assert "evicted" in done.stdout and "virt-launcher-plain-" in done.stdout
+        wait_for(lambda: vmi_phase(custom, ns, "plain") in (None, "Failed", "Succeeded"), what="plain stopped")
+        assert [p.metadata.name.startswith("virt-launcher-ext-")
+                for p in core.list_namespaced_pod(ns).items] == [True]
+
+        # With virt-api down the API server refuses a launcher pod's eviction (failurePolicy Fail).
+        sim_api(sim, "PUT", "/faults/webhooks", {"down": True})
+        try:
+            with pytest.raises(ApiException) as down:
+                core.create_namespaced_pod_eviction(launcher, ns, {"apiVersion": "policy/v1", "kind": "Eviction",
+                                                                   "metadata": {"name": launcher, "namespace": ns}})
+            assert down.value.status == 500
+            assert 'failed calling webhook "virt-launcher-eviction-interceptor.kubevirt.io"' in \
+                json.loads(down.value.body)["message"]
+        finally:
+            sim_api(sim, "DELETE", "/faults/webhooks")
+
+        # The product's answer: the machine stopped; its pod goes and the drain completes.
+        assert action(sim, ns, "ext", "stop").status_code == 202
+        wait_for(lambda: get(custom, KV, ns, "virtualmachineinstances", "ext") is None, what="ext stopped")
+        again = drain("--delete-emptydir-data", "--timeout=20s")
+        assert again.returncode == 0 and f"node/{node} drained" in again.stdout, again.stderr
+    finally:
+        subprocess.run(["kubectl", "uncordon", node], env=env, capture_output=True, timeout=60)

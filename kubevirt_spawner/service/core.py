@@ -24,6 +24,8 @@ from ..operations import STEP_LABELS, Operation, Operations
 from ..quantity import parse_quantity
 from ..spawner import KubeVirtSpawner
 from ..workstation import Workstation, WorkstationError, refusals_explained
+from . import SERVICE_NAME
+from .drains import Drains
 from .hub import Hub, HubError, HubServer
 from .sshkeys import BadKey, KeyConflict, KeyStore, parse_public_key
 
@@ -144,6 +146,13 @@ class Workstations(LoggingConfigurable):
         Seconds between the culler's checks: a stop comes up to this long after the deadline.""")
     idle_warn_before = Integer(600, config=True, help="""
         Seconds before an idle stop at which the Lab warns, with a "Keep running" button.""")
+    drain_grace = Integer(600, config=True, help="""
+        Seconds a workstation on a node being drained keeps running after its user is warned (the
+        Lab shows the node's reason, the time left and "Stop now"); then it is stopped through the
+        hub, its disks kept, and its next start goes to another node. A drain is `kubectl drain`
+        (KubeVirt marks the VMI for evacuation: the VMs' evictionStrategy is External) or
+        `kubevirt-spawner admin drain NODE`.""")
+    drain_check_every = Float(5.0, config=True, help="Seconds between the service's looks for drained nodes.")
 
     ssh_keys_db_url = Unicode(config=True, help="""
         The database that keeps users' SSH public keys (a table kubevirt_spawner_ssh_keys, made on
@@ -187,6 +196,13 @@ class Workstations(LoggingConfigurable):
         self.m_snapshots = Gauge("workstations_snapshots", "Snapshots per user", ["user"], registry=self.registry)
         self.m_full = Gauge("workstations_disks_above_85_percent", "Disks over 85 % full (last known)",
                             registry=self.registry)
+        self.m_drains = Counter("workstations_drains", "Workstations warned of a node drain, and stopped by one "
+                                "after or during the grace", ["event"], registry=self.registry)
+        for event in ("warned", "stopped-after-grace", "stopped-before-grace"):
+            self.m_drains.labels(event)
+        # what the service does on its own (a drain's stop), in audit lines
+        self.service_caller = Caller(f"service:{SERVICE_NAME}", admin=True)
+        self.drains = Drains(self)
 
     # ---------------------------------------------------------------- finding workstations
     def spawner(self, user: str, server: str) -> KubeVirtSpawner:
@@ -292,6 +308,8 @@ class Workstations(LoggingConfigurable):
             "snapshot_consistency": ("offline" if vmi is None else "application-consistent" if agent_connected
                                      else "crash-consistent"),
             "idle": self._idle(server, keepalive),
+            "drain": self.drains.view(vm, vmi),  # a drain of its node: the deadline of its stop
+            "last_stop": self.drains.last_stop(vm, vmi),  # why a drain stopped it
             "activity": self._why_active(ident.user, ident.server, server, keepalive) if server and server.get("ready")
             else None,  # (a stopped machine is busy with nothing)
         }

@@ -136,6 +136,23 @@ class CapacityApi(Api):
         await self.run(work())
 
 
+class DrainApi(Api):
+    """/api/v1/drains/NODE: GET what still runs there; POST {"dry_run", "reason"} warns and stops
+    every workstation on it after the grace (admins only)."""
+
+    async def get(self, node):
+        async def work():
+            return self.core.drains.node_state(self.caller(), node)
+        await self.run(work())
+
+    async def post(self, node):
+        async def work():
+            body = self.body()
+            return await self.core.drains.drain_node(self.caller(), node, body.get("dry_run", False),
+                                                     body.get("reason"))
+        await self.run(work())
+
+
 class WorkstationApi(Api):
     """/api/v1/workstations/USER[/servers/SERVER][/ACTION[/NAME]]"""
 
@@ -378,6 +395,7 @@ def make_app(core: Workstations, prefix: str, hub_prefix: str = "/hub/") -> web.
         (prefix + f"api/v1/workstations/{user}{server}(?:/({'|'.join(API_ACTIONS)}))?(?:/([^/]+))?/?",
          WorkstationApi, args),
         (prefix + "api/v1/capacity/?", CapacityApi, args),
+        (prefix + "api/v1/drains/([^/]+)/?", DrainApi, args),
         (prefix + f"api/v1/users/{user}/ssh-keys(?:/([^/]+))?/?", SshKeysApi, args),
         (prefix + "api/(.*)", NotFoundApi, args),
         (prefix + "metrics/?", Metrics, args),
@@ -424,7 +442,8 @@ async def serve(port: int, config_path: str | None = None, ip: str = "127.0.0.1"
     app = make_app(core, prefix, hub_prefix)
     app.listen(port, ip, max_body_size=MAX_READ_BYTES)
     log.info("workstations service on %s:%d%s (hub config %s)", ip, port, prefix, path)
-    background = [asyncio.ensure_future(core.report_keepalives()), asyncio.ensure_future(core.resume_interrupted())]
+    background = [asyncio.ensure_future(core.report_keepalives()), asyncio.ensure_future(core.resume_interrupted()),
+                  asyncio.ensure_future(core.drains.check_forever(core.drain_check_every))]
     try:
         await asyncio.Event().wait()
     finally:

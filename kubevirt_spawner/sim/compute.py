@@ -970,6 +970,12 @@ class Compute:
             self._write_vmi_status(vmi, status)
             return
         set_condition(status, condition("Ready", "True"))
+        # (pkg/virt-controller/watch/vmi/lifecycle.go: the mark of an eviction, as a condition)
+        if status.get("evacuationNodeName"):
+            set_condition(status, condition("EvictionRequested", "True", "EvictionRequested",
+                                            "VMI is marked for eviction"))
+        else:
+            drop_condition(status, "EvictionRequested")
         if (ns, name) not in self.guests and self.c.started and self.c.guest_mode == "qemu":
             # The simulator restarted under a running machine, which went with it: it boots again.
             if (ns, name) not in self._booting:

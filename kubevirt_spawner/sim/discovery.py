@@ -64,6 +64,10 @@ def resource_list(group: str, version: str) -> dict | None:
                                   "group": "authentication.k8s.io", "version": "v1", "kind": "TokenRequest",
                                   "verbs": ["create"]})
                 continue
+            if sub == "eviction":  # the Eviction API (kubectl drain finds it here: drain.CheckEvictionSupport)
+                resources.append({"name": f"{rt.plural}/eviction", "singularName": "", "namespaced": True,
+                                  "group": "policy", "version": "v1", "kind": "Eviction", "verbs": ["create"]})
+                continue
             resources.append({"name": f"{rt.plural}/{sub}", "singularName": "", "namespaced": rt.namespaced,
                               "kind": rt.kind, "verbs": ["get", "patch", "update"]})
     if not found:

@@ -64,6 +64,7 @@ VALIDATING_WEBHOOKS = {
     "VirtualMachineRestore": ("virtualmachinerestore-validator.snapshot.kubevirt.io", "virt-api.kubevirt.svc",
                               "/virtualmachinerestores-validate"),
     "DataVolume": ("datavolume-validate.cdi.kubevirt.io", "cdi-api.cdi.svc", "/datavolume-validate"),
+    "Eviction": ("virt-launcher-eviction-interceptor.kubevirt.io", "virt-api.kubevirt.svc", "/pod-eviction-validate"),
 }
 
 

@@ -17,6 +17,8 @@ POD = BY_KIND["Pod"]
 LAUNCHER_LABEL = "kubevirt.io"
 SCHEDULABLE_LABEL = "kubevirt.io/schedulable"  # set by virt-handler on its nodes
 LAUNCHER_IMAGE = "quay.io/kubevirt/virt-launcher:v1.9.0"
+# (pkg/virt-controller/services/rendervolumes.go: the launcher's own emptyDirs)
+LAUNCHER_EMPTY_DIRS = ("private", "public", "sockets", "virt-bin-share-dir", "libvirt-runtime", "ephemeral-disks")
 
 
 def pod_ready(pod: dict | None) -> bool:
@@ -63,7 +65,10 @@ class Launchers:
                      "terminationGracePeriodSeconds": (30 if grace is None else grace) + 30,
                      "restartPolicy": "Never",
                      "containers": [{"name": "compute", "image": LAUNCHER_IMAGE,
-                                     "resources": {"requests": requests, **({"limits": limits} if limits else {})}}]},
+                                     "resources": {"requests": requests, **({"limits": limits} if limits else {})}}],
+                     # virt-launcher's own scratch space: why `kubectl drain` needs
+                     # --delete-emptydir-data on a VM node
+                     "volumes": [{"name": v, "emptyDir": {}} for v in LAUNCHER_EMPTY_DIRS]},
             "status": {"phase": "Pending", "qosClass": "Burstable"}}
         if spec.get("affinity"):
             pod["spec"]["affinity"] = copy.deepcopy(spec["affinity"])

@@ -30,6 +30,24 @@ def _slice_endpoints(endpoints) -> str:
     return _first_three([address for e in endpoints or [] for address in e.get("addresses") or []])
 
 
+def _node_status(node) -> str:
+    """printNode in pkg/printers/internalversion/printers.go: Ready, NotReady or Unknown from the
+    Ready condition, then SchedulingDisabled for a cordoned node."""
+    ready = next((c.get("status") for c in (node.get("status") or {}).get("conditions") or []
+                  if c.get("type") == "Ready"), None)
+    status = ["Ready" if ready == "True" else "NotReady" if ready == "False" else "Unknown"]
+    if (node.get("spec") or {}).get("unschedulable"):
+        status.append("SchedulingDisabled")
+    return ",".join(status)
+
+
+def _node_roles(labels) -> str:
+    """findNodeRoles in the same file: node-role.kubernetes.io/ROLE and kubernetes.io/role."""
+    roles = sorted({key.split("/", 1)[1] for key in labels or {} if key.startswith("node-role.kubernetes.io/")}
+                   | ({labels["kubernetes.io/role"]} if (labels or {}).get("kubernetes.io/role") else set()))
+    return ",".join(r for r in roles if r) or "<none>"
+
+
 @dataclass(frozen=True)
 class ResourceType:
     group: str  # "" for core
@@ -73,12 +91,15 @@ RESOURCE_TYPES: tuple[ResourceType, ...] = (
     ResourceType("", ("v1",), "Namespace", "namespaces", namespaced=False, short_names=("ns",),
                  subresources=("status",), columns=(Column("Status", "status.phase"), _AGE)),
     ResourceType("", ("v1",), "Node", "nodes", namespaced=False, short_names=("no",),
-                 subresources=("status",), columns=(Column("Status", "status.conditions[?type=Ready].status"), _AGE)),
+                 subresources=("status",),
+                 columns=(Column("Status", "", render=_node_status), Column("Roles", "metadata.labels", render=_node_roles),
+                          _AGE, Column("Version", "status.nodeInfo.kubeletVersion"))),
     ResourceType("", ("v1",), "Service", "services", short_names=("svc",), categories=("all",),
                  subresources=("status",),
                  columns=(Column("Type", "spec.type"), Column("Cluster-IP", "spec.clusterIP"), _AGE)),
     ResourceType("", ("v1",), "Endpoints", "endpoints", short_names=("ep",), columns=(_AGE,)),
-    ResourceType("", ("v1",), "Pod", "pods", short_names=("po",), categories=("all",), subresources=("status",),
+    ResourceType("", ("v1",), "Pod", "pods", short_names=("po",), categories=("all",),
+                 subresources=("status", "eviction"),
                  columns=(Column("Status", "status.phase"), Column("IP", "status.podIP"),
                           Column("Node", "spec.nodeName"), _AGE)),
     ResourceType("", ("v1",), "Secret", "secrets", columns=(Column("Type", "type"), _AGE)),

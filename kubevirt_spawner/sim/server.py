@@ -19,6 +19,7 @@ from . import discovery, errors, protobuf, rbac, tables
 from .admission import admit
 from .auth import ANONYMOUS
 from .errors import ApiError
+from .eviction import evict
 from .patch import apply_patch
 from .resources import BY_KIND, CRD_GROUPS, SUBRESOURCES_GROUP, VM_ACTIONS, VMI_AGENT_CALLS, lookup
 from .selectors import parse_field_selector, parse_label_selector
@@ -186,6 +187,8 @@ class ApiHandler(tornado.web.RequestHandler):
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         if rt.kind == "ServiceAccount" and sub == "token" and name and method == "POST":
             return self._token_request(rt, namespace, name)
+        if rt.kind == "Pod" and sub == "eviction":
+            return self._eviction(rt, namespace, name, method)
         verb = self._verb(method, name)
         self._authorize(rbac.Request(verb, group, rt.plural, sub or "", namespace, name or ""))
         # (a dry run is counted apart: it stores nothing, so it is no write)
@@ -225,6 +228,15 @@ class ApiHandler(tornado.web.RequestHandler):
             raise errors.bad_request("the request body must be an object")
         account = self.store.must_get(rt, namespace, name)
         self._send(self.cluster.auth.issue(account, body), 201)
+
+    def _eviction(self, rt, namespace: str, name: str | None, method: str):
+        """The Eviction API, as `kubectl drain` calls it (sim/eviction.py)."""
+        if method != "POST" or not name:
+            raise errors.method_not_allowed()
+        self._authorize(rbac.Request("create", "", rt.plural, "eviction", namespace, name))
+        self.cluster.requests.add("create" + ("-dry-run" if self._dry_run() else ""), "pods/eviction")
+        self.cluster.faults.maybe_fail("create", "pods/eviction")
+        self._send(evict(self.cluster, namespace, name, self._body(), self._dry_run()), 201)
 
     def _self_subject_review(self, method: str):
         """The SelfSubjectReview API (kubectl auth whoami): who the caller is, as authenticated;

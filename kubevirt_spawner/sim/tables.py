@@ -12,6 +12,8 @@ _INDEX = re.compile(r"^(\w+)\[(\d+)\]$")
 
 
 def column_value(obj: dict, path: str):
+    if not path:  # (a column rendered from the whole object)
+        return obj
     cur = obj
     for part in path.split("."):
         if cur is None:

@@ -165,6 +165,18 @@ export async function stop(model: WorkstationModel): Promise<void> {
   if (!result.button.accept) {
     return;
   }
+  await stopConfirmed(info);
+}
+
+/** "Stop now" in a drain's warning: the user chose it there, so no second question. */
+export async function stopNow(model: WorkstationModel): Promise<void> {
+  const info = ready(model);
+  if (info) {
+    await stopConfirmed(info);
+  }
+}
+
+async function stopConfirmed(info: IInfo): Promise<void> {
   if (!(await attempt(() => api.stop()))) {
     return;
   }
@@ -271,7 +283,7 @@ export class IdleWarning {
 
   /** Back to the tab with a warning shown: whether it still holds. */
   private _onVisible = (): void => {
-    if (document.visibilityState === 'visible' && this._id) {
+    if (document.visibilityState === 'visible' && this._toast.shown) {
       void this._check();
     }
   };
@@ -311,31 +323,96 @@ export class IdleWarning {
       return;
     }
     const message = `This workstation has been idle: it will be stopped ${timeLeft(idle.deadline)} (its disks are kept).`;
-    if (this._id && this._deadline === idle.deadline) {
+    const minutes = keepRunningMinutes(this.model);
+    this._toast.show(idle.deadline, message, {
+      label: 'Keep running',
+      caption: `Keep the workstation running for ${minutes} more minutes`,
+      displayType: 'accent',
+      callback: () => void keepRunning(this.model)
+    });
+  }
+
+  private _dismiss(): void {
+    this._toast.dismiss();
+  }
+
+  private _timer: number;
+  private _checking = false;
+  private _unansweredAt = 0;
+  private _toast = new DeadlineToast();
+}
+
+/**
+ * The warning of a drain of the node the workstation runs on, with "Stop now": shown while the
+ * service reports the drain, its time left updated as it runs down. The deadline does not move:
+ * an admin drains the node whatever happens on the machine.
+ */
+export class DrainWarning {
+  constructor(private readonly model: WorkstationModel) {
+    model.changed.connect(this._show, this);
+    this._timer = window.setInterval(() => this._show(), 1000);
+  }
+
+  get isDisposed(): boolean {
+    return this._timer === 0;
+  }
+
+  dispose(): void {
+    if (this.isDisposed) {
+      return;
+    }
+    window.clearInterval(this._timer);
+    this._timer = 0;
+    this.model.changed.disconnect(this._show, this);
+    this._dismiss();
+  }
+
+  private _show(): void {
+    const drain = this.model.status?.drain;
+    if (!drain) {
+      this._dismiss();
+      return;
+    }
+    const why = drain.reason ? ` (${drain.reason})` : '';
+    // (a toast shows 140 characters: the panel says the rest)
+    const message = `This workstation's node is being drained${why}: it will be stopped ${timeLeft(drain.deadline)}. Save your work.`;
+    this._toast.show(drain.deadline, message, {
+      label: 'Stop now',
+      caption: 'Stop the workstation now, before the drain does (save your work first)',
+      displayType: 'warn',
+      callback: () => void stopNow(this.model)
+    });
+  }
+
+  private _dismiss(): void {
+    this._toast.dismiss();
+  }
+
+  private _timer: number;
+  private _toast = new DeadlineToast();
+}
+
+/** One notification about a deadline: shown, its text updated as the time left runs down, withdrawn. */
+class DeadlineToast {
+  get shown(): boolean {
+    return this._id !== null;
+  }
+
+  show(deadline: string, message: string, action: Notification.IAction): void {
+    if (this._id && this._deadline === deadline) {
       if (message !== this._message) {
         Notification.update({ id: this._id, message });
         this._message = message;
       }
       return;
     }
-    this._dismiss();
-    this._deadline = idle.deadline;
+    this.dismiss();
+    this._deadline = deadline;
     this._message = message;
-    const minutes = keepRunningMinutes(this.model);
-    this._id = Notification.warning(message, {
-      autoClose: false,
-      actions: [
-        {
-          label: 'Keep running',
-          caption: `Keep the workstation running for ${minutes} more minutes`,
-          displayType: 'accent',
-          callback: () => void keepRunning(this.model)
-        }
-      ]
-    });
+    this._id = Notification.warning(message, { autoClose: false, actions: [action] });
   }
 
-  private _dismiss(): void {
+  dismiss(): void {
     if (this._id) {
       Notification.dismiss(this._id);
     }
@@ -344,9 +421,6 @@ export class IdleWarning {
     this._message = '';
   }
 
-  private _timer: number;
-  private _checking = false;
-  private _unansweredAt = 0;
   private _id: string | null = null;
   private _deadline: string | null = null;
   private _message = '';

@@ -68,6 +68,10 @@ export interface IStatus {
     warn_at: string;
     check_every_seconds: number | null;
   } | null;
+  /** A drain of the node it runs on: when the service stops it. */
+  drain?: { node: string; reason: string; since: string; deadline: string; grace_seconds: number } | null;
+  /** Why a drain stopped it (while it is stopped). */
+  last_stop?: { why: string; node: string; reason: string; at: string; text: string } | null;
   /** Why the running machine counts as in use, or since when it is idle. */
   activity: {
     reported: string | null;

@@ -85,6 +85,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
   ) => {
     const model = new WorkstationModel();
     new actions.IdleWarning(model);
+    new actions.DrainWarning(model);
     const panel = new WorkstationPanel(model);
     panel.title.icon = ICON;
     app.shell.add(panel, 'left', { rank: 950 });

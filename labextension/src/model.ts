@@ -91,11 +91,15 @@ export function formatBytes(bytes: number | null): string {
   return `${value.toFixed(unit > 2 ? 1 : 0)} ${units[unit]}`;
 }
 
-/** "in 42 min", "in 1 h 5 min", or "now" */
+/** "in 42 min", "in 1 h 5 min", "in 35 s" (under a minute), or "now" */
 export function timeLeft(deadline: string, now = Date.now()): string {
-  const minutes = Math.floor((Date.parse(deadline) - now) / 60000);
-  if (minutes <= 0) {
+  const seconds = Math.floor((Date.parse(deadline) - now) / 1000);
+  if (seconds <= 0) {
     return 'now';
+  }
+  const minutes = Math.floor(seconds / 60);
+  if (minutes === 0) {
+    return `in ${seconds} s`;
   }
   return minutes < 60 ? `in ${minutes} min` : `in ${Math.floor(minutes / 60)} h ${minutes % 60} min`;
 }

@@ -32,7 +32,10 @@ export class WorkstationPanel extends Widget {
   render(): void {
     const { status, info, error, snapshots } = this.model;
     // Only when something changed, and keeping the keyboard focus where it was.
-    const shown = JSON.stringify([status, info, error, snapshots, status?.idle && timeLeft(status.idle.deadline)]);
+    const shown = JSON.stringify([
+      status, info, error, snapshots,
+      status?.idle && timeLeft(status.idle.deadline), status?.drain && timeLeft(status.drain.deadline)
+    ]);
     if (shown === this._shown) {
       return;
     }
@@ -81,6 +84,13 @@ export class WorkstationPanel extends Widget {
     const idle = status.idle
       ? row('Idle stop', `${timeLeft(status.idle.deadline)} without activity`)
       : [];
+    const drain = status.drain
+      ? row(
+          'Node drain',
+          `${status.drain.node}${status.drain.reason ? ` (${status.drain.reason})` : ''}: stopped ` +
+            `${timeLeft(status.drain.deadline)}; its disks are kept and the next start goes to another node`
+        )
+      : [];
     const why = status.activity;
     const inUse = !why
       ? []
@@ -98,6 +108,7 @@ export class WorkstationPanel extends Widget {
       ...row('GPUs', status.gpus.length ? status.gpus.join(', ') : 'none'),
       ...row('Node', status.node ?? '–'),
       ...row('System image', image),
+      ...drain,
       ...idle,
       ...inUse
     );

@@ -1,0 +1,259 @@
+"""Node drains: a workstation on a node being drained is warned, given `drain_grace`, then stopped
+gracefully through the hub, and the stop is recorded.
+
+How a drain reaches here. The spawner gives every VM `evictionStrategy: External`
+(manifests.EVICTION_STRATEGY). `kubectl drain` cordons the node and evicts its pods; KubeVirt's
+eviction webhook denies the eviction of a launcher pod with 429 and marks the VMI for evacuation
+(`status.evacuationNodeName`, pkg/virt-api/webhooks/validating-webhook/admitters/
+pod-eviction-admitter.go); kubectl retries every 5 s, and KubeVirt itself does nothing more for
+External (pkg/virt-controller/watch/drain/evacuation/evacuation.go). This module is that outside
+controller: once the machine is stopped its launcher pod goes, and the drain completes.
+`kubevirt-spawner admin drain NODE` starts the same on demand (`drain_node`).
+
+The record of a drain is a JSON annotation on the VM (manifests.ANNOTATION_DRAIN): its deadline
+outlives a restart of the service, and once the machine stopped it says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from .. import kube as k
+from .. import manifests as m
+from ..objects import field_value
+from ..operations import Operation
+from . import core as c  # (core makes a Drains: its names are read at call time)
+
+if TYPE_CHECKING:
+    from ..workstation import Workstation
+
+# An admin may say why on the node (kubectl annotate node NODE kubevirt-spawner.io/drain-reason=...)
+ANNOTATION_NODE_REASON = m.LABEL_PREFIX + "drain-reason"
+REASON_MAX = 200
+_NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+FINAL_PHASES = ("Succeeded", "Failed")
+
+
+def drain_record(vm: dict | None) -> dict | None:
+    """The VM's drain record, or None (also for a record that is not one of ours)."""
+    raw = ((vm or {}).get("metadata", {}).get("annotations") or {}).get(m.ANNOTATION_DRAIN)
+    try:
+        record = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("node"), str) else None
+
+
+def running_on(vmi: dict | None) -> str | None:
+    """The node a VMI that is not final runs (or is scheduled) on."""
+    if vmi is None or field_value(vmi, "status.phase") in FINAL_PHASES:
+        return None
+    return field_value(vmi, "status.nodeName")
+
+
+def evacuation_node(vmi: dict | None) -> str | None:
+    """The node KubeVirt marked the VMI to leave (an eviction of its launcher pod), if any."""
+    return field_value(vmi, "status.evacuationNodeName") if running_on(vmi) else None
+
+
+def active(record: dict | None, vmi: dict | None) -> bool:
+    """Whether the record is a drain still to finish: the machine still runs on that node."""
+    return bool(record and not record.get("stopped_at") and running_on(vmi) == record["node"])
+
+
+def check_node_name(node) -> str:
+    if not isinstance(node, str) or not _NODE_NAME.match(node):
+        raise c.ServiceError(400, "Name a node by its Kubernetes name (lowercase letters, digits, '-' and '.').")
+    return node
+
+
+def check_reason(reason) -> str:
+    if reason is None:
+        return ""
+    if not isinstance(reason, str) or len(reason) > REASON_MAX or any(ord(ch) < 32 for ch in reason):
+        raise c.ServiceError(400, f"A drain's reason is one line of at most {REASON_MAX} characters.")
+    return reason.strip()
+
+
+def stop_text(record: dict) -> str:
+    """Why the machine stopped, for its status while it is stopped."""
+    why = f" ({record['reason']})" if record.get("reason") else ""
+    how = ("after the warning's grace period" if record.get("stopped") == "after-grace"
+           else "during the warning's grace period")
+    return (f"Stopped {how}: its node {record['node']} was being drained{why}. Its disks are kept; the next "
+            "start goes to another node.")
+
+
+class Drains:
+    """Finds workstations on nodes being drained and stops them after their grace."""
+
+    def __init__(self, core: c.Workstations):
+        self.core = core
+        self.log = core.log
+        self._stopping: dict[tuple[str, str], asyncio.Task] = {}
+
+    # ------------------------------------------------------------- views
+    def view(self, vm: dict | None, vmi: dict | None) -> dict | None:
+        """The drain the workstation is warned of, for its status: None when there is none."""
+        record = drain_record(vm)
+        if record is None or not active(record, vmi):
+            return None
+        return {"node": record["node"], "reason": record.get("reason") or "", "since": record["since"],
+                "deadline": record["deadline"], "grace_seconds": self.core.drain_grace}
+
+    @staticmethod
+    def last_stop(vm: dict | None, vmi: dict | None) -> dict | None:
+        """Why a stopped machine stopped, when a drain stopped it."""
+        record = drain_record(vm)
+        if record is None or not record.get("stopped_at") or running_on(vmi):
+            return None
+        return {"why": "drain", "node": record["node"], "reason": record.get("reason") or "",
+                "at": record["stopped_at"], "text": stop_text(record)}
+
+    def _node_reason(self, node: str) -> str:
+        obj = self.core._caches().nodes.get("", node)
+        reason = ((obj or {}).get("metadata", {}).get("annotations") or {}).get(ANNOTATION_NODE_REASON) or ""
+        try:
+            return check_reason(reason)
+        except Exception:  # an unreadable note on the node is no reason to keep a workstation on it
+            return ""
+
+    def on_node(self, node: str) -> list[tuple[str, str, dict, dict]]:
+        """(user, server, vm, vmi) of every workstation whose machine runs on the node."""
+        caches = self.core._caches()
+        out = []
+        for vmi in caches.vmis.values():
+            if running_on(vmi) != node:
+                continue
+            vm = caches.vms.get(vmi["metadata"]["namespace"], vmi["metadata"]["name"])
+            ann = (vm or {}).get("metadata", {}).get("annotations") or {}
+            if vm is not None and ann.get(m.ANNOTATION_USERNAME):
+                out.append((ann[m.ANNOTATION_USERNAME], ann.get(m.ANNOTATION_SERVERNAME, ""), vm, vmi))
+        return sorted(out, key=lambda x: (x[0], x[1]))
+
+    # ------------------------------------------------------------- acting
+    async def check_forever(self, every: float = 5.0):
+        while True:
+            try:
+                await self.check()
+            except Exception:  # one bad round must not end the drains of all
+                self.log.exception("checking for drains failed")
+            await asyncio.sleep(every)
+
+    async def check(self, now: datetime | None = None):
+        """One round: new evacuations get their warning and deadline; due ones are stopped;
+        machines that went before their deadline are recorded as stopped."""
+        now = now or c._now()
+        caches = self.core._caches()
+        for vm in list(caches.vms.values()):
+            ann = vm["metadata"].get("annotations") or {}
+            user = ann.get(m.ANNOTATION_USERNAME)
+            if not user:
+                continue
+            server = ann.get(m.ANNOTATION_SERVERNAME, "")
+            vmi = caches.vmis.get(vm["metadata"]["namespace"], vm["metadata"]["name"])
+            record = drain_record(vm)
+            marked = evacuation_node(vmi)
+            if marked and not active(record, vmi):
+                record = await self._begin(user, server, marked, self._node_reason(marked), "eviction", now)
+            if record is None or record.get("stopped_at"):
+                continue
+            if not active(record, vmi):
+                if (user, server) not in self._stopping:  # it went before its deadline (Stop now, a user's stop)
+                    await self._finish(user, server, record, "before-grace", now)
+                continue
+            if now >= (c._parse_time(record.get("deadline")) or now) and (user, server) not in self._stopping:
+                self._stopping[(user, server)] = asyncio.ensure_future(self._stop(user, server, record))
+
+    async def _begin(self, user: str, server: str, node: str, reason: str, by: str, now: datetime) -> dict:
+        record = {"node": node, "reason": reason, "by": by, "since": c._iso(now),
+                  "deadline": c._iso(now + timedelta(seconds=self.core.drain_grace))}
+        ws = await self.core.workstation(user, server)
+        await self._write(ws, record)
+        self.core._audit(self.core.service_caller, "drain-warn", ws, f"stop due {record['deadline']}",
+                         f"node {node}" + (f": {reason}" if reason else ""))
+        self.core.m_drains.labels("warned").inc()
+        return record
+
+    async def _stop(self, user: str, server: str, record: dict):
+        """The grace is over: stop through the hub (so its view stays true), then record it."""
+        try:
+            ws = await self.core.workstation(user, server)
+            caller = self.core.service_caller
+            async with self.core._lock(user, server):
+                op = Operation.from_vm(ws.vm)
+                if op is not None and op.state == "running":
+                    return  # (a restore or reset stops and starts the machine itself; next round)
+                if await self.core.hub.running(user, server):
+                    await self.core._stop(caller, ws)
+                if running_on(ws.vmi) == record["node"]:  # the hub did not know it ran: stop the VM itself
+                    await self.core._audited(caller, "stop", ws, ws.stop())
+            await self._finish(user, server, record, "after-grace", c._now())
+        except c.ServiceError as err:  # (audited) tried again next round
+            self.log.warning("drain: stopping %s failed: %s", f"{user}/{server}", err.message)
+        except Exception:
+            self.log.exception("drain: stopping %s failed", f"{user}/{server}")
+        finally:
+            self._stopping.pop((user, server), None)
+
+    async def _finish(self, user: str, server: str, record: dict, how: str, now: datetime):
+        ws = await self.core.workstation(user, server)
+        done = {**record, "stopped_at": c._iso(now), "stopped": how}
+        await self._write(ws, done)
+        self.core._audit(self.core.service_caller, "drain-stop", ws, "stopped " + how.replace("-", " "),
+                         f"node {record['node']}")
+        self.core.m_drains.labels(f"stopped-{how}").inc()
+
+    @staticmethod
+    async def _write(ws: Workstation, record: dict):
+        await ws.kube.patch(k.VM, ws.ident.namespace, ws.ident.vm, {"metadata": {"annotations": {
+            m.ANNOTATION_DRAIN: json.dumps(record, sort_keys=True)}}})
+
+    async def drain_node(self, caller: c.Caller, node, dry_run=False, reason=None) -> dict:
+        """An admin's drain of a node: every workstation on it is warned and stopped after the
+        grace, as if `kubectl drain` had evicted it. The node must be cordoned first, so that
+        no workstation starts there again (a dry run only lists who would be warned)."""
+        if not caller.admin:
+            raise c.ServiceError(403, "Only administrators drain nodes.")
+        node = check_node_name(node)
+        reason = check_reason(reason)
+        if not isinstance(dry_run, bool):
+            raise c.ServiceError(400, '"dry_run" must be true or false.')
+        obj = self._node(node)
+        now = c._now()
+        warned = []
+        for user, server, vm, vmi in self.on_node(node):
+            record = drain_record(vm)
+            if not dry_run and not active(record, vmi):
+                record = await self._begin(user, server, node, reason or self._node_reason(node), "admin", now)
+            warned.append(self._entry(user, server, record if active(record, vmi) else None))
+        if not dry_run and warned and not field_value(obj, "spec.unschedulable"):
+            self.log.info("drain of %s: the node is not cordoned; a workstation may start there again", node)
+        return {"node": node, "dry_run": dry_run, "cordoned": bool(field_value(obj, "spec.unschedulable")),
+                "grace_seconds": self.core.drain_grace, "workstations": warned}
+
+    def node_state(self, caller: c.Caller, node) -> dict:
+        """What still runs on the node, with each drain's deadline."""
+        if not caller.admin:
+            raise c.ServiceError(403, "Only administrators drain nodes.")
+        node = check_node_name(node)
+        obj = self._node(node)
+        return {"node": node, "cordoned": bool(field_value(obj, "spec.unschedulable")),
+                "workstations": [self._entry(user, server, drain_record(vm) if active(drain_record(vm), vmi) else None)
+                                 for user, server, vm, vmi in self.on_node(node)]}
+
+    def _node(self, node: str) -> dict:
+        obj = self.core._caches().nodes.get("", node)
+        if obj is None:
+            raise c.ServiceError(404, f"There is no node named {node}.")
+        return obj
+
+    @staticmethod
+    def _entry(user: str, server: str, record: dict | None) -> dict:
+        return {"user": user, "server": server, "deadline": (record or {}).get("deadline"),
+                "reason": (record or {}).get("reason")}
+
