@@ -55,6 +55,10 @@ from simtools import descendants, hub_kubeconfig  # noqa: E402  (the tests' help
 
 OPERATION_TIMEOUT = 20  # seconds a step of a restore or reset may take: short, so timeouts happen
 STOP_TIMEOUT = 10
+DRAIN_GRACE = 12  # seconds the service gives a workstation on a drained node
+# How long a drain may take past its grace before a workstation left on the node is a violation:
+# the service may be down meanwhile (the hub restarts it within 30 s) or the API failing.
+DRAIN_SLACK = 150
 EXTRA_CONFIG = f"""
 c.JupyterHub.log_level = "INFO"
 c.KubeVirtSpawner.profile_list = [
@@ -70,6 +74,8 @@ c.KubeVirtSpawner.stop_timeout = {STOP_TIMEOUT}
 c.KubeVirtSpawner.retention_days = 0  # purges are possible at once
 c.Workstations.operation_timeout = {OPERATION_TIMEOUT}
 c.Workstations.snapshot_limit = 12
+c.Workstations.drain_grace = {DRAIN_GRACE}
+c.Workstations.drain_check_every = 1
 """
 # What a sentence a user reads must never hold: a traceback, a raw Kubernetes answer, HTML.
 RAW = re.compile(r"Traceback|File \"|\"kind\":|'kind':|apiVersion|HTTP response|Reason: |\(5\d\d\)|<html|"
@@ -84,7 +90,7 @@ ACTIONS = {  # weights
 OPERATION_FAULTS = {"restore-error": 14, "kill-service": 3, "webhooks-down": 3}
 FAULTS = {
     "api-500": 3, "api-429": 2, "watch-cut": 3, "kill-hub": 2, "kill-service": 3, "node-loss": 2,
-    "clone-stall": 2, "agent-disconnect": 2, "restore-error": 4, "webhooks-down": 2,
+    "clone-stall": 2, "agent-disconnect": 2, "restore-error": 4, "webhooks-down": 2, "drain": 2,
 }
 ROOT_MARKER = "opt/soak/marker.txt"  # on the system disk (a reset replaces it)
 HOME_MARKER = "home/soak/marker.txt"  # on the workspace disk (/home: kept by a reset)
@@ -550,6 +556,8 @@ class Soak:
             seconds = self.rng.uniform(2, 3) * OPERATION_TIMEOUT if lasting else self.rng.uniform(5, OPERATION_TIMEOUT)
             self._after(seconds, "restores", lambda: self.control("DELETE", "/faults/restores"))
             return True
+        if kind == "drain":
+            return self.drain()
         if kind == "webhooks-down":
             if any(w == "webhooks" for _, w, _ in self.later):
                 return False
@@ -558,11 +566,91 @@ class Soak:
             return True
         raise ValueError(kind)
 
+    # ------------------------------------------------------------ node drains
+    def drain(self) -> bool:
+        """`kubectl drain` of a node with workstations: cordon, then evict every launcher pod on it,
+        again every few seconds (kubectl retries every 5 s) until none is left. The workstations'
+        VMs have evictionStrategy External, so no eviction of theirs may ever be granted; the
+        service warns each, stops it after its grace and records it (checked in _check_drain)."""
+        if any(w == "drain-check" for _, w, _ in self.later):
+            return False
+        busy = sorted({(vmi.get("status") or {}).get("nodeName") for vmi in
+                       self.items("/apis/kubevirt.io/v1/virtualmachineinstances")} - {None})
+        if not busy:
+            return False
+        node = self.rng.choice(busy)
+        self.cordon(node, True)
+        begun = time.monotonic()
+        self.evict_launchers(node)
+
+        def check():
+            if self._check_drain(node, begun):
+                self.cordon(node, False)  # (maintenance done: the node is back)
+            else:
+                self.evict_launchers(node)
+                self._after(5, "drain-check", check)
+        self._after(DRAIN_GRACE, "drain-check", check)
+        return True
+
+    def _write(self, method: str, path: str, body: dict, content_type: str = "application/json") -> requests.Response:
+        """The soak's own write, through the faults it injects (tried again on theirs)."""
+        for attempt in range(30):
+            r = self.k8s.request(method, f"{self.sim_url}{path}", data=json.dumps(body),
+                                 headers={"Content-Type": content_type}, timeout=60)
+            injected = ((r.status_code == 500 and "injected fault" in r.text)
+                        or (r.status_code == 429 and "denied the request" not in r.text))
+            if not injected:
+                return r
+            time.sleep(0.05 * (attempt + 1))
+        return r
+
+    def cordon(self, node: str, on: bool):
+        r = self._write("PATCH", f"/api/v1/nodes/{node}", {"spec": {"unschedulable": True if on else None}},
+                        "application/merge-patch+json")
+        r.raise_for_status()
+
+    def evict_launchers(self, node: str):
+        pods = self.items(f"/api/v1/pods?fieldSelector=spec.nodeName%3D{node}&labelSelector=kubevirt.io%3Dvirt-launcher")
+        for pod in pods:
+            ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+            r = self._write("POST", f"/api/v1/namespaces/{ns}/pods/{name}/eviction",
+                            {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": ns}})
+            if r.status_code == 201 and ns.startswith("notebook-"):
+                raise Violation(f"the drain of {node} evicted {ns}/{name}: a workstation shut down unwarned")
+            if r.status_code == 500 and "failed calling webhook" in r.text:
+                continue  # virt-api is down (webhooks-down): kubectl drain fails the pod, tries again later
+            if r.status_code not in (201, 404, 429):
+                raise Violation(f"the eviction of {ns}/{name} answered {r.status_code}: {r.text[:300]}")
+
+    def _check_drain(self, node: str, begun: float) -> bool:
+        """Whether the drain of `node` is done: no workstation runs there marked for evacuation.
+        Past its grace and slack, one still there is a violation; a workstation that stopped holds
+        a drain record that warned before it stopped, and waited its grace unless stopped early."""
+        left = [f"{vmi['metadata']['namespace']}/{vmi['metadata']['name']}"
+                for vmi in self.items("/apis/kubevirt.io/v1/virtualmachineinstances")
+                if (vmi.get("status") or {}).get("evacuationNodeName") == node
+                and (vmi.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+        for vm in self.items("/apis/kubevirt.io/v1/virtualmachines"):
+            raw = (vm["metadata"].get("annotations") or {}).get(m.ANNOTATION_DRAIN)
+            record = json.loads(raw) if raw else None
+            if not record or record.get("node") != node or not record.get("stopped_at"):
+                continue
+            where = f"{vm['metadata']['namespace']}/{vm['metadata']['name']}"
+            since, stopped, deadline = (_epoch(record.get(k)) for k in ("since", "stopped_at", "deadline"))
+            if not since <= stopped:
+                raise Violation(f"{where} stopped by the drain of {node} before its warning: {record}")
+            if record.get("stopped") == "after-grace" and stopped < deadline - 1:
+                raise Violation(f"{where} stopped by the drain of {node} before its grace ended: {record}")
+        if left and time.monotonic() - begun > DRAIN_GRACE + DRAIN_SLACK and self.hub_down_since is None:
+            raise Violation(f"{', '.join(left)} still on {node} {DRAIN_GRACE + DRAIN_SLACK} s after its drain began")
+        return not left
+
     def clear_faults(self):
         """Every fault ends (nodes come back) at once."""
         for _ in range(2):  # (a fence schedules the node's recovery)
-            ends = [x for x in sorted(self.later, key=lambda x: x[0]) if x[1] != "soon"]  # (no new faults)
-            self.later.clear()
+            # (no new faults; a drain under way goes on: its users were warned, the check follows it)
+            ends = [x for x in sorted(self.later, key=lambda x: x[0]) if x[1] not in ("soon", "drain-check")]
+            self.later = [x for x in self.later if x[1] == "drain-check"]
             for _, _, undo in ends:
                 undo()
         self.control("DELETE", "/faults/api")
@@ -730,17 +818,19 @@ class Soak:
         self.clear_faults()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            self._due()  # (a drain's evictions and checks)
             self.check()
             users = self.hub_api("GET", "/users").json()
             pending = [f"{u['name']}/{n}" for u in users for n, srv in (u.get("servers") or {}).items()
                        if srv.get("pending")]
             running = [vm["metadata"]["name"] for vm in self.items("/apis/kubevirt.io/v1/virtualmachines")
                        if _running_operation(vm)]
-            if not pending and not running:
+            draining = any(w == "drain-check" for _, w, _ in self.later)
+            if not pending and not running and not draining:
                 return
             time.sleep(2)
         raise Violation(f"nothing settled within {timeout:.0f} s after the faults ended: pending {pending}, "
-                        f"operations running on {running}")
+                        f"operations running on {running}, a drain under way: {draining}")
 
     def summary(self) -> str:
         acts = ", ".join(f"{k} {v}" for k, v in sorted(self.actions.items()))
@@ -759,6 +849,13 @@ def _operation_updated(vm: dict) -> float:
     if op is None or not op.updated:
         return 0.0
     return calendar.timegm(time.strptime(op.updated, "%Y-%m-%dT%H:%M:%SZ"))
+
+
+def _epoch(stamp) -> float:
+    """Seconds since the epoch of an RFC 3339 time the service wrote; 0 for none."""
+    if not isinstance(stamp, str) or not stamp:
+        return 0.0
+    return calendar.timegm(time.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S"))
 
 
 def _running_operation(vm: dict) -> bool:

@@ -902,6 +902,14 @@ class Workstation:
         return float(sum(parse_quantity(field_value(vs, "status.restoreSize") or "0")
                          for vs in listing.get("items") or []))
 
+    async def quotas(self) -> list[dict]:
+        """The namespace's ResourceQuotas, each one's hard limits beside what is used (their
+        status, which Kubernetes' quota controller keeps)."""
+        with refusals_explained(self.log, "read its namespace's quotas"):
+            listing = await self.kube.list(k.RESOURCE_QUOTA, self.ident.namespace)
+        return [{"name": q["metadata"]["name"], "hard": dict(field_value(q, "status.hard") or {}),
+                 "used": dict(field_value(q, "status.used") or {})} for q in listing.get("items") or []]
+
     async def filesystems(self) -> list[dict] | None:
         """The guest agent's filesystem list (mount point, used and total bytes, disk serials) of the
         running machine; None when it is not running or the agent does not answer."""

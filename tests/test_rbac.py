@@ -96,6 +96,7 @@ async def lifecycle(sim, kubeconfig: str) -> Outcome:
         assert await ws.filesystems()  # the workstations service's disk usage
         await ws.stop()
         assert await ws.snapshots_size() == 0
+        assert [q["name"] for q in await ws.quotas()] == ["kubevirt-spawner"]  # the service's status
         await ws.take_snapshot("before")
         await ws.take_snapshot("scratch")
         await ws.delete_snapshot("scratch")

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta, timezone
 
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from traitlets import Bool, Float, Integer, List, TraitError, Unicode, default, validate
+from traitlets import Bool, Dict, Float, Integer, List, TraitError, Unicode, default, validate
 from traitlets.config import LoggingConfigurable
 
 from .. import kube as k
@@ -27,6 +27,7 @@ from ..workstation import Workstation, WorkstationError, refusals_explained
 from . import SERVICE_NAME
 from .drains import Drains
 from .hub import Hub, HubError, HubServer
+from .metering import Meter, check_prices, held_now
 from .sshkeys import BadKey, KeyConflict, KeyStore, parse_public_key
 
 ANNOTATION_DISK_USAGE = m.LABEL_PREFIX + "disk-usage"  # the last usage the guest agent reported
@@ -153,11 +154,28 @@ class Workstations(LoggingConfigurable):
         (KubeVirt marks the VMI for evacuation: the VMs' evictionStrategy is External) or
         `kubevirt-spawner admin drain NODE`.""")
     drain_check_every = Float(5.0, config=True, help="Seconds between the service's looks for drained nodes.")
+    prices = Dict(config=True, help="""
+        What workstations cost, for their status, the Lab panel and the admins' reports:
+        {"currency": "EUR", "cpu_hour": 0.02, "memory_gib_hour": 0.004, "gpu_hour":
+        {"nvidia.com/A100-PCIE-40GB": 1.2}, "disk_gib_month": 0.08, "snapshot_gib_month": 0.05}
+        (any may be left out). CPU, memory and GPUs count while a machine runs, disks and snapshots
+        always, at their configured size. Empty: the figures are given in those units only.""")
+    meter_every = Float(60.0, config=True, help="""
+        Seconds between the service's records of what each workstation holds (its machine's, disks'
+        and snapshots' lifetimes, kept in the database of ssh_keys_db_url).""")
+
+    @validate("prices")
+    def _check_prices(self, proposal):
+        try:
+            return check_prices(proposal.value)
+        except ValueError as err:
+            raise TraitError(str(err)) from None
 
     ssh_keys_db_url = Unicode(config=True, help="""
         The database that keeps users' SSH public keys (a table kubevirt_spawner_ssh_keys, made on
-        first use). Default: the hub's own `c.JupyterHub.db_url`, so the keys live and are backed
-        up with the hub's users.""")
+        first use) and the lifetimes of workstations' machines, disks and snapshots that costs are
+        counted from (kubevirt_spawner_lifetimes). Default: the hub's own `c.JupyterHub.db_url`, so
+        they live and are backed up with the hub's users.""")
 
     @default("ssh_keys_db_url")
     def _default_ssh_keys_db_url(self):
@@ -203,6 +221,7 @@ class Workstations(LoggingConfigurable):
         # what the service does on its own (a drain's stop), in audit lines
         self.service_caller = Caller(f"service:{SERVICE_NAME}", admin=True)
         self.drains = Drains(self)
+        self.meter = Meter(self)
 
     # ---------------------------------------------------------------- finding workstations
     def spawner(self, user: str, server: str) -> KubeVirtSpawner:
@@ -299,7 +318,12 @@ class Workstations(LoggingConfigurable):
             "disks": await self.disks(ws),
             "golden_image": {"cloned_from": cloned, "configured": ws.spec.golden_image,
                              "newer_available": bool(cloned and cloned != ws.spec.golden_image)},
-            "snapshots": {"count": len(snaps), "total_size": _gib(await self._snapshots_size(ws))},
+            "snapshots": {"count": len(snaps), "total_size": _gib(await self._snapshots_size(ws)),
+                          # (the limit counts all the user's workstations' snapshots)
+                          "user_count": self._user_snapshot_count(ident.user), "limit": self.snapshot_limit or None,
+                          "retention": self._snapshot_retention(ws)},
+            "quota": await self._quota(ws),
+            "cost": await self.meter.workstation_cost(ident.user, ident.server),
             "operation": _operation_view(op),
             "keepalive_until": _iso(keepalive) if keepalive and keepalive > _now() else None,
             "keepalive_max_minutes": self.keepalive_max_minutes,
@@ -313,6 +337,18 @@ class Workstations(LoggingConfigurable):
             "activity": self._why_active(ident.user, ident.server, server, keepalive) if server and server.get("ready")
             else None,  # (a stopped machine is busy with nothing)
         }
+
+    @staticmethod
+    def _snapshot_retention(ws: Workstation) -> str:
+        return (f"Snapshots are kept until you delete them; when the workstation is deleted, they are kept "
+                f"{ws.settings.retention_days} days with its disks.")
+
+    async def _quota(self, ws: Workstation) -> list[dict] | None:
+        try:
+            return await ws.quotas()
+        except (WorkstationError, k.KubeError) as err:  # (a missing permission is logged for the admin)
+            self.log.debug("cannot read the quotas of %s: %s", ws.ident.namespace, err)
+            return None
 
     def _why_active(self, user: str, server: str, hub_server: dict, keepalive: datetime | None,
                     now: datetime | None = None) -> dict:
@@ -748,6 +784,10 @@ class Workstations(LoggingConfigurable):
                           for p in caches.pvcs.values())
         used = sum(d.get("used", 0) for usage in self._usage.values() for d in usage.values())
         running = {(v["metadata"]["namespace"], v["metadata"]["name"]) for v in caches.vmis.values()}
+        disk_gib: dict[tuple[str, str], float] = {}
+        for item in held_now(caches):
+            if item.kind == "disk":
+                disk_gib[(item.user, item.server)] = disk_gib.get((item.user, item.server), 0.0) + item.held["gib"]
         stopped = []
         for vm in caches.vms.values():
             if (vm["metadata"]["namespace"], vm["metadata"]["name"]) in running:
@@ -755,8 +795,9 @@ class Workstations(LoggingConfigurable):
             ann = vm["metadata"].get("annotations") or {}
             since = next((c.get("lastTransitionTime") for c in field_value(vm, "status.conditions") or []
                           if c.get("type") == "Ready"), None)
-            stopped.append({"user": ann.get(m.ANNOTATION_USERNAME), "server": ann.get(m.ANNOTATION_SERVERNAME, ""),
-                            "stopped_since": since})
+            who = (ann.get(m.ANNOTATION_USERNAME) or "", ann.get(m.ANNOTATION_SERVERNAME, ""))
+            stopped.append({"user": who[0], "server": who[1], "stopped_since": since,
+                            "disk_gib": round(disk_gib.get(who, 0.0), 3)})  # (what it holds while it is stopped)
         retained = []
         for kind, cache in (("DataVolume", caches.dvs), ("PersistentVolumeClaim", caches.pvcs)):
             for obj in cache.values():

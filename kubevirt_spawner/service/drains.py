@@ -49,8 +49,8 @@ def drain_record(vm: dict | None) -> dict | None:
 
 
 def running_on(vmi: dict | None) -> str | None:
-    """The node a VMI that is not final runs (or is scheduled) on."""
-    if vmi is None or field_value(vmi, "status.phase") in FINAL_PHASES:
+    """The node a VMI that is not final nor going away runs (or is scheduled) on."""
+    if vmi is None or field_value(vmi, "status.phase") in FINAL_PHASES or vmi["metadata"].get("deletionTimestamp"):
         return None
     return field_value(vmi, "status.nodeName")
 
@@ -158,19 +158,22 @@ class Drains:
             vmi = caches.vmis.get(vm["metadata"]["namespace"], vm["metadata"]["name"])
             record = drain_record(vm)
             marked = evacuation_node(vmi)
-            if marked and not active(record, vmi):
-                record = await self._begin(user, server, marked, self._node_reason(marked), "eviction", now)
+            if marked and not active(record, vmi) and (record or {}).get("vmi") != vmi["metadata"]["uid"]:
+                # (a machine already stopped by its drain is on its way out: not warned again)
+                record = await self._begin(user, server, vmi, marked, self._node_reason(marked), "eviction", now)
             if record is None or record.get("stopped_at"):
                 continue
             if not active(record, vmi):
-                if (user, server) not in self._stopping:  # it went before its deadline (Stop now, a user's stop)
-                    await self._finish(user, server, record, "before-grace", now)
+                if (user, server) not in self._stopping:  # it went by itself (Stop now, a user's stop, a restore)
+                    early = now < (c._parse_time(record.get("deadline")) or now)
+                    await self._finish(user, server, record, "before-grace" if early else "after-grace", now)
                 continue
             if now >= (c._parse_time(record.get("deadline")) or now) and (user, server) not in self._stopping:
                 self._stopping[(user, server)] = asyncio.ensure_future(self._stop(user, server, record))
 
-    async def _begin(self, user: str, server: str, node: str, reason: str, by: str, now: datetime) -> dict:
-        record = {"node": node, "reason": reason, "by": by, "since": c._iso(now),
+    async def _begin(self, user: str, server: str, vmi: dict, node: str, reason: str, by: str,
+                     now: datetime) -> dict:
+        record = {"node": node, "vmi": vmi["metadata"]["uid"], "reason": reason, "by": by, "since": c._iso(now),
                   "deadline": c._iso(now + timedelta(seconds=self.core.drain_grace))}
         ws = await self.core.workstation(user, server)
         await self._write(ws, record)
@@ -192,6 +195,8 @@ class Drains:
                     await self.core._stop(caller, ws)
                 if running_on(ws.vmi) == record["node"]:  # the hub did not know it ran: stop the VM itself
                     await self.core._audited(caller, "stop", ws, ws.stop())
+            if running_on(ws.vmi) == record["node"]:
+                return  # (still there: tried again next round)
             await self._finish(user, server, record, "after-grace", c._now())
         except c.ServiceError as err:  # (audited) tried again next round
             self.log.warning("drain: stopping %s failed: %s", f"{user}/{server}", err.message)
@@ -229,7 +234,7 @@ class Drains:
         for user, server, vm, vmi in self.on_node(node):
             record = drain_record(vm)
             if not dry_run and not active(record, vmi):
-                record = await self._begin(user, server, node, reason or self._node_reason(node), "admin", now)
+                record = await self._begin(user, server, vmi, node, reason or self._node_reason(node), "admin", now)
             warned.append(self._entry(user, server, record if active(record, vmi) else None))
         if not dry_run and warned and not field_value(obj, "spec.unschedulable"):
             self.log.info("drain of %s: the node is not cordoned; a workstation may start there again", node)

@@ -11,6 +11,7 @@ import logging
 import os
 import secrets
 from collections.abc import Callable
+from datetime import datetime, timezone
 from urllib.parse import quote
 
 import jinja2
@@ -26,6 +27,7 @@ from ..workstation import WorkstationError
 from . import CONFIG_ENV, SERVICE_NAME
 from .core import Caller, ServiceError, Workstations, cluster_refusal, workstation_path
 from .hub import Hub
+from .metering import csv_report, month_of, previous_month
 
 TEMPLATES = jinja2.Environment(loader=jinja2.PackageLoader("kubevirt_spawner.service", "templates"),
                                autoescape=True)
@@ -153,6 +155,32 @@ class DrainApi(Api):
         await self.run(work())
 
 
+class CostsApi(Api):
+    """/api/v1/costs?month=YYYY-MM&by=user|profile|workstation&format=json|csv (admins): each
+    group's units and cost in the month (default: this one)."""
+
+    async def get(self):
+        async def work():
+            if not self.caller().admin:
+                raise ServiceError(403, "Only administrators see the cost reports.")
+            try:
+                return await self.core.meter.report(self.get_argument("month", None), self.get_argument("by", "user"))
+            except ValueError as err:
+                raise ServiceError(400, str(err)) from None
+        fmt = self.get_argument("format", "json")
+        if fmt not in ("json", "csv"):
+            return self.write_json({"error": 'A report\'s "format" is json or csv.'}, 400)
+        if fmt == "json":
+            return await self.run(work())
+        try:
+            view = await work()
+        except ServiceError as err:
+            return self.write_json({"error": err.message}, err.status)
+        self.set_header("Content-Type", "text/csv; charset=utf-8")
+        self.set_header("Content-Disposition", f'attachment; filename="workstations-{view["month"]}-{view["by"]}.csv"')
+        self.finish(csv_report(view))
+
+
 class WorkstationApi(Api):
     """/api/v1/workstations/USER[/servers/SERVER][/ACTION[/NAME]]"""
 
@@ -246,6 +274,7 @@ class Metrics(Api):
             if not (caller.admin or caller.reads_metrics):
                 raise ServiceError(403, "Only administrators and tokens with the scope read:metrics read the metrics.")
             self.core.refresh_metrics()
+            await self.core.meter.refresh_metrics()
             return None
         try:
             await work()
@@ -307,6 +336,13 @@ class Page(Base):
         self.set_status(err.status)
         self.render_page("error.html", status=err.status, message=err.message)
 
+    async def _capacity(self, caller: Caller) -> dict:
+        """The admins' part of the page: capacity now, and the costs of this month and the last."""
+        this_month = month_of(datetime.now(timezone.utc))
+        months = [this_month, previous_month(this_month)]
+        return {"capacity": self.core.capacity(caller),
+                "reports": [await self.core.meter.report(month, by) for month in months for by in ("user", "profile")]}
+
     @web.authenticated
     async def get(self, user=None, server=None):
         caller = self.caller()
@@ -320,7 +356,8 @@ class Page(Base):
                     except ServiceError as err:
                         keys_error = f"Your SSH keys cannot be read now: {err.message}"
                 return self.render_page("index.html", caller=caller, workstations=items, ssh_keys=keys,
-                                        keys_error=keys_error, message=DONE.get(self.get_argument("done", ""), ""))
+                                        keys_error=keys_error, message=DONE.get(self.get_argument("done", ""), ""),
+                                        **(await self._capacity(caller) if caller.admin else {}))
             ws = await self.core.existing(caller, user, server or "")
             view = await self.core.describe(ws)
             follow = self.get_argument("follow", "")
@@ -396,6 +433,7 @@ def make_app(core: Workstations, prefix: str, hub_prefix: str = "/hub/") -> web.
          WorkstationApi, args),
         (prefix + "api/v1/capacity/?", CapacityApi, args),
         (prefix + "api/v1/drains/([^/]+)/?", DrainApi, args),
+        (prefix + "api/v1/costs/?", CostsApi, args),
         (prefix + f"api/v1/users/{user}/ssh-keys(?:/([^/]+))?/?", SshKeysApi, args),
         (prefix + "api/(.*)", NotFoundApi, args),
         (prefix + "metrics/?", Metrics, args),
@@ -443,7 +481,8 @@ async def serve(port: int, config_path: str | None = None, ip: str = "127.0.0.1"
     app.listen(port, ip, max_body_size=MAX_READ_BYTES)
     log.info("workstations service on %s:%d%s (hub config %s)", ip, port, prefix, path)
     background = [asyncio.ensure_future(core.report_keepalives()), asyncio.ensure_future(core.resume_interrupted()),
-                  asyncio.ensure_future(core.drains.check_forever(core.drain_check_every))]
+                  asyncio.ensure_future(core.drains.check_forever(core.drain_check_every)),
+                  asyncio.ensure_future(core.meter.observe_forever(core.meter_every))]
     try:
         await asyncio.Event().wait()
     finally:
@@ -451,3 +490,4 @@ async def serve(port: int, config_path: str | None = None, ip: str = "127.0.0.1"
             task.cancel()
         await hub.close()
         core.keystore.close()
+        core.meter.ledger.close()

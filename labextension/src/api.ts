@@ -37,6 +37,30 @@ export interface IOperation {
   error: string | null;
 }
 
+export interface IUnits {
+  cpu_hours: number;
+  memory_gib_hours: number;
+  gpu_hours: Record<string, number>;
+  disk_gib_months: number;
+  snapshot_gib_months: number;
+  /** Priced by the site's prices; null without them. */
+  cost: { currency: string; total: number } | null;
+}
+
+export interface ICost {
+  month: string;
+  currency: string | null;
+  this_month: IUnits;
+  per_hour: IUnits;
+  held: { running: boolean; cpu: number; memory_gib: number; gpus: Record<string, number>; disk_gib: number; snapshot_gib: number };
+}
+
+export interface IQuota {
+  name: string;
+  hard: Record<string, string>;
+  used: Record<string, string>;
+}
+
 export interface IStatus {
   user: string;
   server: string;
@@ -55,7 +79,15 @@ export interface IStatus {
     shared?: IShare[]; // the admin's claims, mounted through virtiofs
   };
   golden_image: { cloned_from: string | null; configured: string; newer_available: boolean };
-  snapshots: { count: number; total_size: string | null };
+  snapshots: {
+    count: number;
+    total_size: string | null;
+    user_count?: number;
+    limit?: number | null;
+    retention?: string;
+  };
+  quota?: IQuota[] | null;
+  cost?: ICost;
   operation: IOperation | null;
   keepalive_until: string | null;
   keepalive_max_minutes: number;

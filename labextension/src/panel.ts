@@ -2,7 +2,7 @@
 import { Widget } from '@lumino/widgets';
 
 import * as actions from './actions';
-import { IDisk, IStatus } from './api';
+import { ICost, IDisk, IQuota, IStatus } from './api';
 import { h } from './dom';
 import { formatBytes, timeLeft, WorkstationModel } from './model';
 
@@ -91,6 +91,8 @@ export class WorkstationPanel extends Widget {
             `${timeLeft(status.drain.deadline)}; its disks are kept and the next start goes to another node`
         )
       : [];
+    const cost = status.cost ? row('Cost', costText(status.cost)) : [];
+    const quota = (status.quota ?? []).length ? row('Quota', quotaText(status.quota ?? [])) : [];
     const why = status.activity;
     const inUse = !why
       ? []
@@ -110,7 +112,9 @@ export class WorkstationPanel extends Widget {
       ...row('System image', image),
       ...drain,
       ...idle,
-      ...inUse
+      ...inUse,
+      ...cost,
+      ...quota
     );
   }
 
@@ -223,11 +227,40 @@ export class WorkstationPanel extends Widget {
         )
       )
     );
+    const info = this.model.status?.snapshots;
+    const limit = info?.limit
+      ? h('p', { class: 'kvs-hint' }, `${info.user_count} of ${info.limit} snapshots (all your workstations). ${info.retention}`)
+      : info?.retention
+        ? h('p', { class: 'kvs-hint' }, info.retention)
+        : null;
     return h(
       'section',
       { class: 'kvs-snapshots' },
       h('h3', {}, 'Snapshots'),
-      rows.length ? h('ul', {}, ...rows) : h('p', { class: 'kvs-hint' }, 'No snapshots yet.')
+      rows.length ? h('ul', {}, ...rows) : h('p', { class: 'kvs-hint' }, 'No snapshots yet.'),
+      ...(limit ? [limit] : [])
     );
   }
+}
+
+/** "12.40 EUR this month; 0.35 EUR an hour now", or the units without prices. */
+export function costText(cost: ICost): string {
+  const month = cost.this_month;
+  const now = cost.per_hour;
+  if (month.cost && now.cost) {
+    const currency = cost.currency ?? '';
+    return `${month.cost.total.toFixed(2)} ${currency} this month; ${now.cost.total.toFixed(2)} ${currency} an hour now`;
+  }
+  const gpu = Object.values(month.gpu_hours).reduce((a, b) => a + b, 0);
+  return (
+    `this month ${month.cpu_hours.toFixed(1)} CPU-hours, ${gpu.toFixed(1)} GPU-hours, ` +
+    `${(month.disk_gib_months + month.snapshot_gib_months).toFixed(1)} GiB-months of disk and snapshots`
+  );
+}
+
+/** "requests.storage 140Gi of 1Ti, requests.cpu 4 of 16" */
+export function quotaText(quotas: IQuota[]): string {
+  return quotas
+    .flatMap(q => Object.entries(q.hard).map(([key, hard]) => `${key} ${q.used[key] ?? '0'} of ${hard}`))
+    .join(', ');
 }

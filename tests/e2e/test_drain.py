@@ -22,10 +22,13 @@ from conftest import SERVICE_API, Cluster, Hub, hub_with_service
 from simtools import wait_for
 
 GRACE = 40
+PRICES = {"currency": "EUR", "cpu_hour": 0.5, "memory_gib_hour": 0.1, "disk_gib_month": 7.3, "snapshot_gib_month": 3.65}
 EXTRA = f"""
 c.Workstations.drain_grace = {GRACE}
 c.Workstations.drain_check_every = 1
 c.KubeVirtSpawner.stop_timeout = 20
+c.Workstations.meter_every = 1
+c.Workstations.prices = {PRICES!r}
 """
 NODE, OTHER = "vm-cpu-1", "vm-cpu-2"
 REASON_ANNOTATION = "kubevirt-spawner.io/drain-reason"
@@ -109,6 +112,8 @@ def test_a_kubectl_drain_warns_both_users_and_stops_their_machines_after_the_gra
             assert re.search(r"will be stopped in \d+ s\. Save your work\.$", warning.inner_text()), warning.inner_text()
             page.locator('li[data-id="kubevirt-workstation"]').click()  # the panel says the rest
             page.locator(".kvs-summary dd", has_text=f"{NODE} (kernel update): stopped in").wait_for(timeout=20_000)
+            assert re.search(r"^\d+\.\d\d EUR this month; \d+\.\d\d EUR an hour now$",
+                             page.locator(".kvs-summary dd", has_text="EUR this month").inner_text())
             assert page.locator(".jp-toast-button", has_text="Stop now").is_visible()
 
             # Nothing is stopped before the grace ends ...
@@ -181,3 +186,48 @@ def test_admin_drain_warns_waits_and_prints_the_kubectl_drain(hub: Hub, cluster:
         assert "during the warning's grace period" in stopped["text"] and "disk swap" in stopped["text"], stopped
     finally:
         kubectl(cluster, "uncordon", NODE)
+
+
+def test_status_and_reports_show_quota_retention_and_cost(hub: Hub, cluster: Cluster):
+    """After the drains, each user's status says their quota (the namespace's ResourceQuota status),
+    the snapshot limit and retention, and this month's units and cost, priced as configured; the
+    admins' JSON and CSV reports and the metrics say the same."""
+    view = status(hub, "dee")
+    assert view["snapshots"]["limit"] == 20 and "kept until you delete them" in view["snapshots"]["retention"]
+    assert isinstance(view["quota"], list)
+    for quota in view["quota"]:
+        assert set(quota["used"]) <= set(quota["hard"]), quota
+    cost = view["cost"]
+    month = cost["this_month"]
+    assert cost["currency"] == "EUR" and not cost["held"]["running"] and cost["held"]["disk_gib"] > 0
+    assert month["cpu_hours"] > 0 and month["disk_gib_months"] > 0  # (dee's machine ran, its disks stay)
+    by_hand = (month["cpu_hours"] * 0.5 + month["memory_gib_hours"] * 0.1 + month["disk_gib_months"] * 7.3
+               + month["snapshot_gib_months"] * 3.65)
+    assert abs(month["cost"]["total"] - by_hand) < 0.001, (month, by_hand)
+    assert cost["per_hour"]["cpu_hours"] == 0 and cost["per_hour"]["cost"]["total"] > 0  # (stopped: disks only)
+
+    report = hub.http.get(f"{hub.url}{SERVICE_API}/costs", params={"by": "user"}, timeout=30)
+    assert report.status_code == 200, report.text
+    rows = {r["user"]: r for r in report.json()["rows"]}
+    assert {"dee", "dan", "dot"} <= set(rows) and rows["dee"]["cost"]["total"] >= month["cost"]["total"]
+    table = hub.http.get(f"{hub.url}{SERVICE_API}/costs", params={"by": "user", "format": "csv"}, timeout=30)
+    assert table.headers["Content-Type"].startswith("text/csv")
+    lines = {line.split(",")[1]: line.split(",") for line in table.text.splitlines()[1:]}
+    assert abs(float(lines["dee"][-1]) - rows["dee"]["cost"]["total"]) < 0.01
+    bad = hub.http.get(f"{hub.url}{SERVICE_API}/costs", params={"month": "last"}, timeout=30)
+    assert bad.status_code == 400 and "YYYY-MM" in bad.json()["error"]
+    metrics = hub.http.get(f"{hub.url}/services/workstations/metrics", timeout=30).text
+    found = re.search(r'^workstations_cost_total\{profile="[^"]*",user="dee"\} ([0-9.e+-]+)$', metrics, re.M)
+    assert found and float(found.group(1)) >= month["cost"]["total"] - 0.01, metrics[-2000:]
+    assert re.search(r'^workstations_held\{resource="disk_gib"\} [1-9]', metrics, re.M)
+
+    # The admins' page: capacity now, this month's and last month's costs, who holds disks while stopped.
+    page = hub.http.get(f"{hub.url}/services/workstations/", timeout=30)
+    assert page.status_code == 200 and "Capacity and costs" in page.text, page.text[:500]
+    month = report.json()["month"]
+    table = re.search(rf'<table class="table cost-report" data-month="{month}" data-by="user">(.*?)</table>', page.text,
+                      re.S)
+    assert table and re.search(r"<td>dee</td>.*?<td>{:.2f}</td>".format(rows["dee"]["cost"]["total"]), table.group(1),
+                               re.S), table
+    stopped = re.search(r'<table class="table stopped">(.*?)</table>', page.text, re.S).group(1)
+    assert re.search(r"<td>dee</td><td>[^<]+</td><td>[1-9][0-9.]*</td>", stopped), stopped

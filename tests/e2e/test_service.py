@@ -115,7 +115,8 @@ def test_a_workstation_shows_disk_usage_image_snapshots_and_activity(hub, cluste
     assert ws["golden_image"] == {"cloned_from": "vm-images/ubuntu-24-04-cuda-golden",
                                   "configured": "vm-images/ubuntu-24-04-cuda-golden", "newer_available": False}
     assert ws["profile"]["slug"] == "cpu" and ws["node"] and ws["hub"]["ready"]
-    assert ws["snapshots"] == {"count": 0, "total_size": "0"}
+    assert ws["snapshots"]["count"] == 0 and ws["snapshots"]["total_size"] == "0"
+    assert ws["snapshots"]["limit"] == 6 and ws["snapshots"]["user_count"] == 0  # (c.Workstations.snapshot_limit here)
     hub.stop_server("carl")
     stopped = carl.ok("GET", "/workstations/carl")
     assert stopped["phase"] == "stopped" and not stopped["disks"]["workspace"]["live"]
@@ -289,6 +290,9 @@ MATRIX = [
      {"allowed": 404, "owner's server token": 403}),
     ("POST", "/workstations/dave/purge", {"confirm": "wrong"}, {"admin": 400, "allowed": 403}),
     ("GET", "/capacity", None, {"admin": 200, "allowed": 403}),
+    ("GET", "/costs", None, {"admin": 200, "allowed": 403}),
+    ("GET", "/drains/no-such-node", None, {"admin": 404, "allowed": 403}),
+    ("POST", "/drains/no-such-node", {"dry_run": True}, {"admin": 404, "allowed": 403}),
     ("GET", "metrics", None, {"admin": 200, "allowed": 403}),
 ]
 
