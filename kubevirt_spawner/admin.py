@@ -61,9 +61,6 @@ async def drain(login: Login, node: str, dry_run: bool, reason: str | None, time
         for entry in listed:
             print(f"warned {_who(entry)}: stopped at {entry.get('deadline') or 'once the drain already under way ends'}",
                   file=out)
-        if not result.get("cordoned"):
-            print(f"{node} is not cordoned: a workstation may start there again; run kubectl cordon {node}.",
-                  file=out)
         if timeout is None:  # (the grace, and time for the machines to shut down)
             timeout = float(result.get("grace_seconds") or 0) + 300
         ends = time.monotonic() + timeout

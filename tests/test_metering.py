@@ -37,8 +37,10 @@ NOW = at("2026-12-03T00:00:00")
 
 
 def record(ledger: mt.Ledger):
-    """alice's machine runs from Nov 30 22:00 to Dec 1 02:00 (seen last then), her snapshot lives
-    from Dec 1 12:00 to Dec 2 00:00, her 60 GiB disk from Nov 15 on, bob's 20 GiB disk from Dec 1."""
+    """The ledger begins on Nov 1; alice's machine runs from Nov 30 22:00 to Dec 1 02:00 (seen last
+    then), her snapshot lives from Dec 1 12:00 to Dec 2 00:00, her 60 GiB disk from Nov 15 on,
+    bob's 20 GiB disk from Dec 1."""
+    ledger.observe([], at("2026-11-01T00:00:00"))
     ledger.observe([MACHINE, DISK], at("2026-12-01T02:00:00"))
     ledger.observe([DISK], at("2026-12-01T02:01:00"))  # the machine is gone: it ended at its last sighting
     ledger.observe([DISK, SNAPSHOT, BOB_DISK], at("2026-12-02T00:00:00"))
@@ -79,6 +81,7 @@ def test_lifetimes_outlive_a_restart_and_end_at_their_last_sighting(tmp_path):
     went during its downtime: the machine is counted up to the last time it was seen, never beyond."""
     url = f"sqlite:///{tmp_path}/hub.sqlite"
     before = mt.Ledger(url)
+    before.observe([], at("2026-11-01T00:00:00"))
     before.observe([MACHINE, DISK], at("2026-12-01T01:00:00"))
     before.close()
     after = mt.Ledger(url)  # (down for an hour; the machine stopped meanwhile)
@@ -88,6 +91,29 @@ def test_lifetimes_outlive_a_restart_and_end_at_their_last_sighting(tmp_path):
     assert lifetimes["disk"].ended is None and lifetimes["disk"].started == at("2026-11-15T00:00:00")
     used = mt.usage(lifetimes["machine"], *mt.month_bounds("2026-12"), at("2026-12-01T02:00:00"))
     assert used.cpu_hours == 2.0  # (Dec 1 00:00 to 01:00, 2 CPUs)
+
+
+def test_nothing_is_charged_before_the_ledger_began_and_the_past_keeps_its_size(tmp_path):
+    """A disk made before the service recorded anything counts from the ledger's start; a disk
+    grown counts at its old size until then (a new lifetime from the growth); a snapshot keeps the
+    size it was made with; an object counted gone and seen again (the same uid: it never left)
+    counts the time between too."""
+    ledger = mt.Ledger(f"sqlite:///{tmp_path}/hub.sqlite")
+    ledger.observe([DISK, SNAPSHOT], at("2026-12-02T00:00:00"))  # (the ledger begins: the disk is from Nov 15)
+    grown = held("pvc-1", "disk", "2026-11-15T00:00:00", {"gib": 120.0})
+    shrunk_snapshot = held("snap-1", "snapshot", "2026-12-01T12:00:00", {"gib": 0.0})  # (its claims went)
+    ledger.observe([grown, shrunk_snapshot], at("2026-12-02T12:00:00"))
+    ledger.observe([grown, shrunk_snapshot], at("2026-12-03T00:00:00"))
+    ledger.observe([], at("2026-12-03T00:01:00"))  # (counted gone ...)
+    ledger.observe([grown], at("2026-12-03T06:00:00"))  # (... and back)
+    start, end = mt.month_bounds("2026-12")
+    used = mt.Usage()
+    for lt in ledger.lifetimes(start, end):
+        used.add(mt.usage(lt, start, end, at("2026-12-03T06:00:00")))
+    # the disk: 60 GiB for 12 h, 120 GiB for 12 h, and 6 h more from its last sighting to its
+    # return; the snapshot: 10 GiB for 24 h
+    assert used.disk_gib_months == pytest.approx((60 * 12 + 120 * 18) / 730)
+    assert used.snapshot_gib_months == pytest.approx(10 * 24 / 730)
 
 
 def test_the_rate_now_is_what_is_held_priced_per_hour():
@@ -132,3 +158,25 @@ def test_months_are_checked():
     with pytest.raises(ValueError, match="YYYY-MM"):
         mt.month_bounds("December")
     assert mt.month_of(at("2026-12-31T23:59:59") + timedelta(seconds=1)) == "2027-01"
+
+
+def test_names_in_the_csv_never_run_as_formulas():
+    """Users choose their server names (and, with some authenticators, their user names): a name a
+    spreadsheet would take for a formula is written as text."""
+    view = {"month": "2026-12", "rows": [{"user": "=HYPERLINK(\"http://x\")", "server": "@sum", "cpu_hours": 1.0,
+                                          "memory_gib_hours": 0, "gpu_hours": {}, "disk_gib_months": 0,
+                                          "snapshot_gib_months": 0, "cost": None}]}
+    row = list(csv.reader(io.StringIO(mt.csv_report(view))))[1]
+    assert row[1:3] == ["'=HYPERLINK(\"http://x\")", "'@sum"]
+
+
+def test_nothing_is_recorded_from_caches_not_yet_synced(tmp_path):
+    """A restarted service's first moments: half-filled caches would end every lifetime they do not
+    show yet; the round is skipped instead."""
+    caches = types.SimpleNamespace(synced=False, vms={}, vmis={}, pvcs={}, snapshots={})
+    core = types.SimpleNamespace(prices={}, ssh_keys_db_url=f"sqlite:///{tmp_path}/hub.sqlite",
+                                 registry=CollectorRegistry(), log=logging.getLogger("test"), _caches=lambda: caches)
+    meter = mt.Meter(core)
+    meter.ledger.observe([DISK], at("2026-12-01T00:00:00"))
+    asyncio.run(meter.observe(at("2026-12-02T00:00:00")))
+    assert [lt.ended for lt in meter.ledger.all_lifetimes()] == [None]

@@ -164,6 +164,14 @@ class Workstations(LoggingConfigurable):
         Seconds between the service's records of what each workstation holds (its machine's, disks'
         and snapshots' lifetimes, kept in the database of ssh_keys_db_url).""")
 
+    @validate("drain_grace", "meter_every", "drain_check_every")
+    def _check_seconds(self, proposal):
+        name = proposal.trait.name
+        least = "0 or more" if name == "drain_grace" else "above 0"  # (a grace may be none; a period not)
+        if proposal.value < 0 or (proposal.value == 0 and name != "drain_grace"):
+            raise TraitError(f"c.Workstations.{name} must be {least} seconds")
+        return proposal.value
+
     @validate("prices")
     def _check_prices(self, proposal):
         try:
@@ -323,7 +331,7 @@ class Workstations(LoggingConfigurable):
                           "user_count": self._user_snapshot_count(ident.user), "limit": self.snapshot_limit or None,
                           "retention": self._snapshot_retention(ws)},
             "quota": await self._quota(ws),
-            "cost": await self.meter.workstation_cost(ident.user, ident.server),
+            "cost": await self._cost(ident.user, ident.server),
             "operation": _operation_view(op),
             "keepalive_until": _iso(keepalive) if keepalive and keepalive > _now() else None,
             "keepalive_max_minutes": self.keepalive_max_minutes,
@@ -337,6 +345,15 @@ class Workstations(LoggingConfigurable):
             "activity": self._why_active(ident.user, ident.server, server, keepalive) if server and server.get("ready")
             else None,  # (a stopped machine is busy with nothing)
         }
+
+    async def _cost(self, user: str, server: str) -> dict | None:
+        """The workstation's cost view; None when the database does not answer (the rest of the
+        status, a drain's warning included, must not fail with it)."""
+        try:
+            return await self.meter.workstation_cost(user, server)
+        except Exception as err:
+            self.log.warning("cannot read the cost of %s: %s", workstation_path(user, server), err)
+            return None
 
     @staticmethod
     def _snapshot_retention(ws: Workstation) -> str:

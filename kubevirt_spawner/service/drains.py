@@ -22,11 +22,14 @@ import re
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+import aiohttp
+
 from .. import kube as k
 from .. import manifests as m
 from ..objects import field_value
 from ..operations import Operation
 from . import core as c  # (core makes a Drains: its names are read at call time)
+from .hub import HubError
 
 if TYPE_CHECKING:
     from ..workstation import Workstation
@@ -56,8 +59,10 @@ def running_on(vmi: dict | None) -> str | None:
 
 
 def evacuation_node(vmi: dict | None) -> str | None:
-    """The node KubeVirt marked the VMI to leave (an eviction of its launcher pod), if any."""
-    return field_value(vmi, "status.evacuationNodeName") if running_on(vmi) else None
+    """The node KubeVirt marked the VMI to leave (an eviction of its launcher pod), if it still
+    runs there."""
+    node = running_on(vmi)
+    return node if node and field_value(vmi, "status.evacuationNodeName") == node else None
 
 
 def active(record: dict | None, vmi: dict | None) -> bool:
@@ -95,6 +100,10 @@ class Drains:
         self.core = core
         self.log = core.log
         self._stopping: dict[tuple[str, str], asyncio.Task] = {}
+        # The last record written per workstation: the cache may not show it yet, and an older
+        # copy must not start a drain again (a later deadline) or finish one twice.
+        self._written: dict[tuple[str, str], dict] = {}
+        self._hub_trouble: set[tuple[str, str]] = set()  # (told once per outage, not every round)
 
     # ------------------------------------------------------------- views
     def view(self, vm: dict | None, vmi: dict | None) -> dict | None:
@@ -146,30 +155,51 @@ class Drains:
 
     async def check(self, now: datetime | None = None):
         """One round: new evacuations get their warning and deadline; due ones are stopped;
-        machines that went before their deadline are recorded as stopped."""
+        machines that went before their deadline are recorded as stopped. Nothing is decided on
+        caches that do not have the cluster's state yet (a restarted service's first moments)."""
         now = now or c._now()
         caches = self.core._caches()
+        if not caches.synced:
+            return
         for vm in list(caches.vms.values()):
             ann = vm["metadata"].get("annotations") or {}
             user = ann.get(m.ANNOTATION_USERNAME)
             if not user:
                 continue
             server = ann.get(m.ANNOTATION_SERVERNAME, "")
-            vmi = caches.vmis.get(vm["metadata"]["namespace"], vm["metadata"]["name"])
-            record = drain_record(vm)
-            marked = evacuation_node(vmi)
-            if marked and not active(record, vmi) and (record or {}).get("vmi") != vmi["metadata"]["uid"]:
-                # (a machine already stopped by its drain is on its way out: not warned again)
-                record = await self._begin(user, server, vmi, marked, self._node_reason(marked), "eviction", now)
-            if record is None or record.get("stopped_at"):
-                continue
-            if not active(record, vmi):
-                if (user, server) not in self._stopping:  # it went by itself (Stop now, a user's stop, a restore)
-                    early = now < (c._parse_time(record.get("deadline")) or now)
-                    await self._finish(user, server, record, "before-grace" if early else "after-grace", now)
-                continue
-            if now >= (c._parse_time(record.get("deadline")) or now) and (user, server) not in self._stopping:
-                self._stopping[(user, server)] = asyncio.ensure_future(self._stop(user, server, record))
+            try:  # (one workstation's trouble must not hold up the drains of the others)
+                await self._check_one(user, server, vm, caches.vmis.get(vm["metadata"]["namespace"],
+                                                                         vm["metadata"]["name"]), now)
+            except Exception:
+                self.log.exception("drain: checking %s failed", c.workstation_path(user, server))
+
+    def _record(self, user: str, server: str, vm: dict) -> dict | None:
+        """The workstation's drain record: the cache's, or the one last written when the cache does
+        not show it yet."""
+        cached, written = drain_record(vm), self._written.get((user, server))
+
+        def order(record: dict | None) -> tuple:
+            return (record or {}).get("since") or "", (record or {}).get("stopped_at") or ""
+        return written if written is not None and order(written) > order(cached) else cached
+
+    async def _check_one(self, user: str, server: str, vm: dict, vmi: dict | None, now: datetime):
+        record = self._record(user, server, vm)
+        uid = (vmi or {}).get("metadata", {}).get("uid")
+        if record and record.get("stopped_at") and record.get("vmi") == uid and running_on(vmi) == record["node"]:
+            # recorded as stopped, yet the same machine still runs there: the drain goes on
+            record = {key: value for key, value in record.items() if key not in ("stopped_at", "stopped")}
+        marked = evacuation_node(vmi)
+        if marked and vmi is not None and not active(record, vmi) and (record or {}).get("vmi") != uid:
+            record = await self._begin(user, server, vmi, marked, self._node_reason(marked), "eviction", now)
+        if record is None or record.get("stopped_at"):
+            return
+        if not active(record, vmi):
+            if (user, server) not in self._stopping:  # it went by itself (Stop now, a user's stop, a restore)
+                early = now < (c._parse_time(record.get("deadline")) or now)
+                await self._finish(user, server, record, "before-grace" if early else "after-grace", now)
+            return
+        if now >= (c._parse_time(record.get("deadline")) or now) and (user, server) not in self._stopping:
+            self._stopping[(user, server)] = asyncio.ensure_future(self._stop(user, server, record))
 
     async def _begin(self, user: str, server: str, vmi: dict, node: str, reason: str, by: str,
                      now: datetime) -> dict:
@@ -197,9 +227,14 @@ class Drains:
                     await self.core._audited(caller, "stop", ws, ws.stop())
             if running_on(ws.vmi) == record["node"]:
                 return  # (still there: tried again next round)
+            self._hub_trouble.discard((user, server))
             await self._finish(user, server, record, "after-grace", c._now())
-        except c.ServiceError as err:  # (audited) tried again next round
-            self.log.warning("drain: stopping %s failed: %s", f"{user}/{server}", err.message)
+        except (c.ServiceError, HubError, aiohttp.ClientError, asyncio.TimeoutError) as err:
+            # (audited) tried again next round; told once while it lasts (the hub may be down)
+            if (user, server) not in self._hub_trouble:
+                self._hub_trouble.add((user, server))
+                self.log.warning("drain: stopping %s failed, trying again: %s", c.workstation_path(user, server),
+                                 getattr(err, "message", None) or type(err).__name__)
         except Exception:
             self.log.exception("drain: stopping %s failed", f"{user}/{server}")
         finally:
@@ -213,15 +248,15 @@ class Drains:
                          f"node {record['node']}")
         self.core.m_drains.labels(f"stopped-{how}").inc()
 
-    @staticmethod
-    async def _write(ws: Workstation, record: dict):
+    async def _write(self, ws: Workstation, record: dict):
+        self._written[(ws.ident.user, ws.ident.server)] = record
         await ws.kube.patch(k.VM, ws.ident.namespace, ws.ident.vm, {"metadata": {"annotations": {
             m.ANNOTATION_DRAIN: json.dumps(record, sort_keys=True)}}})
 
     async def drain_node(self, caller: c.Caller, node, dry_run=False, reason=None) -> dict:
         """An admin's drain of a node: every workstation on it is warned and stopped after the
-        grace, as if `kubectl drain` had evicted it. The node must be cordoned first, so that
-        no workstation starts there again (a dry run only lists who would be warned)."""
+        grace, as if `kubectl drain` had evicted it. The node must be cordoned first (409 otherwise),
+        so that no workstation starts there again (a dry run only lists who would be warned)."""
         if not caller.admin:
             raise c.ServiceError(403, "Only administrators drain nodes.")
         node = check_node_name(node)
@@ -229,6 +264,9 @@ class Drains:
         if not isinstance(dry_run, bool):
             raise c.ServiceError(400, '"dry_run" must be true or false.')
         obj = self._node(node)
+        if not dry_run and not field_value(obj, "spec.unschedulable"):
+            raise c.ServiceError(409, f"Cordon {node} first (kubectl cordon {node}): a workstation stopped for the "
+                                      "drain could start there again.")
         now = c._now()
         warned = []
         for user, server, vm, vmi in self.on_node(node):
@@ -236,8 +274,6 @@ class Drains:
             if not dry_run and not active(record, vmi):
                 record = await self._begin(user, server, vmi, node, reason or self._node_reason(node), "admin", now)
             warned.append(self._entry(user, server, record if active(record, vmi) else None))
-        if not dry_run and warned and not field_value(obj, "spec.unschedulable"):
-            self.log.info("drain of %s: the node is not cordoned; a workstation may start there again", node)
         return {"node": node, "dry_run": dry_run, "cordoned": bool(field_value(obj, "spec.unschedulable")),
                 "grace_seconds": self.core.drain_grace, "workstations": warned}
 

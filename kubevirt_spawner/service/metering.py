@@ -41,7 +41,8 @@ PRICE_KEYS = {"currency", "cpu_hour", "memory_gib_hour", "gpu_hour", "disk_gib_m
 METADATA = sa.MetaData()
 LIFETIMES = sa.Table(
     "kubevirt_spawner_lifetimes", METADATA,
-    sa.Column("uid", sa.String(64), primary_key=True),  # the object's uid
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("uid", sa.String(64), nullable=False, index=True),  # the object's uid
     sa.Column("kind", sa.String(16), nullable=False),  # machine, disk or snapshot
     sa.Column("user", sa.String(255), nullable=False, index=True),
     sa.Column("server", sa.String(255), nullable=False),
@@ -52,6 +53,14 @@ LIFETIMES = sa.Table(
     sa.Column("last_seen", sa.DateTime, nullable=False),
     sa.Column("ended", sa.DateTime, nullable=True),
 )
+# When the ledger began: nothing is charged for before it (objects older than the metering).
+LEDGER = sa.Table("kubevirt_spawner_ledger", METADATA,
+                  sa.Column("id", sa.Integer, primary_key=True), sa.Column("began", sa.DateTime, nullable=False))
+CHUNK = 500  # ids or uids per statement (a database's limit on bound parameters)
+
+
+def _chunks(items: list) -> list[list]:
+    return [items[i:i + CHUNK] for i in range(0, len(items), CHUNK)]
 
 
 @dataclass(frozen=True)
@@ -206,7 +215,8 @@ def held_now(caches) -> list[Held]:
         return ann[m.ANNOTATION_USERNAME], ann.get(m.ANNOTATION_SERVERNAME, ""), profile
 
     for vmi in caches.vmis.values():
-        if field_value(vmi, "status.phase") in ("Succeeded", "Failed") or vmi["metadata"].get("deletionTimestamp"):
+        # (a machine counts while it runs: not while it waits to be scheduled or shuts down)
+        if field_value(vmi, "status.phase") != "Running" or vmi["metadata"].get("deletionTimestamp"):
             continue
         vm = by_name.get((vmi["metadata"]["namespace"], vmi["metadata"]["name"]))
         who = owner(vm, vm) if vm else None
@@ -216,9 +226,11 @@ def held_now(caches) -> list[Held]:
         gpus: dict[str, int] = {}
         for gpu in field_value(vmi, "spec.domain.devices.gpus") or []:
             gpus[gpu.get("deviceName", "?")] = gpus.get(gpu.get("deviceName", "?"), 0) + 1
+        running = next((t.get("phaseTransitionTimestamp") for t in field_value(vmi, "status.phaseTransitionTimestamps")
+                        or [] if t.get("phase") == "Running"), None)
         out.append(_held(vmi, "machine", who, {"cpu": float(parse_quantity(requests.get("cpu") or "0")),
                                                "memory_gib": float(parse_quantity(requests.get("memory") or "0")) / GIB,
-                                               "gpus": gpus}))
+                                               "gpus": gpus}, since=running))
 
     def vm_of(obj: dict) -> dict | None:
         return by_label.get((obj["metadata"]["namespace"], (obj["metadata"].get("labels") or {}).get(m.LABEL_WORKSTATION)))
@@ -246,8 +258,8 @@ def held_now(caches) -> list[Held]:
     return out
 
 
-def _held(obj: dict, kind: str, who: tuple[str, str, str], held: dict) -> Held:
-    created = obj["metadata"].get("creationTimestamp") or ""
+def _held(obj: dict, kind: str, who: tuple[str, str, str], held: dict, since: str | None = None) -> Held:
+    created = since or obj["metadata"].get("creationTimestamp") or ""
     try:
         started = _utc(datetime.fromisoformat(created.replace("Z", "+00:00")))
     except ValueError:
@@ -279,26 +291,48 @@ class Ledger:
         return self._engine
 
     def observe(self, held: list[Held], now: datetime):
-        """What is held now: new lifetimes begin, present ones were seen now, and open ones whose
-        object is gone end at their last sighting."""
+        """What is held now. A new object's lifetime begins (at its creation, not before the
+        ledger's start); one still there was seen now; one whose size changed (a disk grown) ends
+        now and a new one begins, so the past keeps its price; one gone ends at its last sighting."""
         present = {h.uid: h for h in held}
+        seen = _naive(now)
         with self.engine.begin() as db:
-            open_rows = db.execute(sa.select(LIFETIMES.c.uid).where(LIFETIMES.c.ended.is_(None))).scalars().all()
-            known = set(db.execute(sa.select(LIFETIMES.c.uid).where(
-                LIFETIMES.c.uid.in_(list(present)))).scalars().all()) if present else set()
-            for uid in set(open_rows) - set(present):
-                db.execute(sa.update(LIFETIMES).where(LIFETIMES.c.uid == uid)
-                           .values(ended=LIFETIMES.c.last_seen))
-            for uid, h in present.items():
-                if uid in known:
-                    # (a size grows: the disk is resized, what it holds is its size now)
-                    db.execute(sa.update(LIFETIMES).where(LIFETIMES.c.uid == uid, LIFETIMES.c.ended.is_(None))
-                               .values(last_seen=_naive(now), held=json.dumps(h.held, sort_keys=True)))
-                else:
-                    db.execute(sa.insert(LIFETIMES).values(
-                        uid=uid, kind=h.kind, user=h.user, server=h.server, profile=h.profile, name=h.name,
-                        held=json.dumps(h.held, sort_keys=True), started=_naive(h.started), last_seen=_naive(now),
-                        ended=None))
+            began = db.execute(sa.select(LEDGER.c.began)).scalar()
+            if began is None:
+                db.execute(sa.insert(LEDGER).values(id=1, began=seen))
+                began = seen
+            open_rows = {row.uid: row for row in db.execute(
+                sa.select(LIFETIMES.c.id, LIFETIMES.c.uid, LIFETIMES.c.kind, LIFETIMES.c.held)
+                .where(LIFETIMES.c.ended.is_(None)))}
+            gone = [row.id for uid, row in open_rows.items() if uid not in present]
+            same, changed = [], []
+            for uid, row in open_rows.items():
+                if uid in present:
+                    # (a snapshot restores what it holds at its making: its size does not change)
+                    if row.kind == "snapshot" or json.loads(row.held) == present[uid].held:
+                        same.append(row.id)
+                    else:
+                        changed.append(row.id)
+            for ids in _chunks(gone):
+                db.execute(sa.update(LIFETIMES).where(LIFETIMES.c.id.in_(ids)).values(ended=LIFETIMES.c.last_seen))
+            for ids in _chunks(same):
+                db.execute(sa.update(LIFETIMES).where(LIFETIMES.c.id.in_(ids)).values(last_seen=seen))
+            for ids in _chunks(changed):
+                db.execute(sa.update(LIFETIMES).where(LIFETIMES.c.id.in_(ids)).values(last_seen=seen, ended=seen))
+            changed_ids = set(changed)
+            resized = {uid for uid, row in open_rows.items() if row.id in changed_ids}
+            new = [uid for uid in present if uid not in open_rows]
+            last_end: dict[str, datetime] = {}
+            for uids in _chunks(new):  # (an object counted gone and seen again never left: the gap counts)
+                for uid, ended in db.execute(sa.select(LIFETIMES.c.uid, sa.func.max(LIFETIMES.c.ended))
+                                             .where(LIFETIMES.c.uid.in_(uids)).group_by(LIFETIMES.c.uid)):
+                    last_end[uid] = ended
+            for uid in [*new, *resized]:
+                h = present[uid]
+                started = seen if uid in resized else max(_naive(h.started), began, last_end.get(uid) or began)
+                db.execute(sa.insert(LIFETIMES).values(
+                    uid=uid, kind=h.kind, user=h.user, server=h.server, profile=h.profile, name=h.name,
+                    held=json.dumps(h.held, sort_keys=True), started=started, last_seen=seen, ended=None))
 
     def lifetimes(self, start: datetime, end: datetime, user: str | None = None) -> list[Lifetime]:
         """The lifetimes that overlap [start, end), of one user or of all."""
@@ -348,7 +382,10 @@ class Meter:
         core.registry.register(self.cost_collector)
 
     async def observe(self, now: datetime | None = None):
-        held = held_now(self.core._caches())
+        caches = self.core._caches()
+        if not caches.synced:  # (half-filled caches would end every lifetime they do not show yet)
+            return
+        held = held_now(caches)
         await asyncio.get_running_loop().run_in_executor(None, self.ledger.observe, held, now or _now())
 
     async def observe_forever(self, every: float):
@@ -448,7 +485,12 @@ def csv_report(view: dict) -> str:
                      "disk_gib_months", "snapshot_gib_months", "currency", "cost"])
     for row in view["rows"]:
         priced = row["cost"] or {}
-        writer.writerow([view["month"], *(row[k] for k in keys), row["cpu_hours"], row["memory_gib_hours"],
+        writer.writerow([view["month"], *(_cell(row[k]) for k in keys), row["cpu_hours"], row["memory_gib_hours"],
                          *(row["gpu_hours"].get(g, 0) for g in models), row["disk_gib_months"],
                          row["snapshot_gib_months"], priced.get("currency", ""), priced.get("total", "")])
     return out.getvalue()
+
+
+def _cell(text: str) -> str:
+    """A name users chose, as a spreadsheet shows it and never runs it (=, +, -, @ start formulas)."""
+    return "'" + text if text and text[0] in "=+-@\t\r" else text

@@ -170,6 +170,9 @@ def test_admin_drain_warns_waits_and_prints_the_kubectl_drain(hub: Hub, cluster:
     assert dry.returncode == 0 and f"would warn dot, and stop it {GRACE} s later" in dry.stdout, dry
     assert status(hub, "dot")["drain"] is None  # (a dry run warns nobody)
 
+    uncordoned = admin_drain(hub, tmp_path, NODE)
+    assert uncordoned.returncode == 2 and f"Cordon {NODE} first (kubectl cordon {NODE})" in uncordoned.stderr
+    assert status(hub, "dot")["drain"] is None  # (refused: nobody warned)
     assert kubectl(cluster, "cordon", NODE).returncode == 0
     try:
         run = admin_drain(hub, tmp_path, NODE, "--reason", "disk swap", wait=False)
@@ -179,7 +182,7 @@ def test_admin_drain_warns_waits_and_prints_the_kubectl_drain(hub: Hub, cluster:
         assert r.status_code in (200, 202), r.text  # what the Lab's "Stop now" asks
         out, err = run.communicate(timeout=120)
         assert run.returncode == 0, (out, err)
-        assert "warned dot: stopped at" in out and "is not cordoned" not in out
+        assert "warned dot: stopped at" in out
         assert out.rstrip().endswith(f"No workstation runs on {NODE}. Drain it now:\n"
                                      f"  kubectl drain {NODE} --ignore-daemonsets --delete-emptydir-data"), out
         stopped = wait_for(lambda: status(hub, "dot")["last_stop"], 30, what="dot's stop recorded")
