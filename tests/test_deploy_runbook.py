@@ -229,23 +229,6 @@ def test_the_runbook_runs_against_the_simulator(cluster, tmp_path):
     assert "workload.example.com/kubevirt=true:NoSchedule" in out("kubectl describe node vm-gpu-pci-1")
     assert out("kubectl get kubevirt -n kubevirt kubevirt -o jsonpath") == "Deployed v1.9.0\n"
     assert "nvidia.com/A100-PCIE-40GB" in out("kubectl get node vm-gpu-pci-1 -o jsonpath")
-    # step 14: where KubeVirt and CDI stand, and their upgrades rolled out (here: the versions they run)
-    assert out("kubectl get kubevirt -n kubevirt kubevirt -o jsonpath='{.status.observedKubeVirtVersion} {.status.target"
-               ) == "v1.9.0 v1.9.0\n"
-    assert out("kubectl get kubevirt -n kubevirt kubevirt -o jsonpath='{.status.observedKubeVirtVersion} {.status.cond"
-               ) == "v1.9.0 False\n"
-    assert out("kubectl get cdi cdi -o jsonpath='{.status.observedVersion} {.status.cond") == "v1.66.0 False\n"
-    # step 15: the new image imported beside the old one; bob still runs the old system until he
-    # resets, which clones the new one (the hub pointed at it)
-    images = out('kubectl -n "$GOLDEN_NAMESPACE" get pvc')
-    assert NEW_IMAGE in images and "ubuntu-24-04-cuda-golden " in images and images.count("Bound") == 2, images
-    assert re.search(r"notebook-bob\s+bob-rootdisk\s+ubuntu-24-04-cuda-golden$", out("kubectl get dv -A -l"), re.M)
-    new_spec = production_spawner({"POD_NAMESPACE": "jupyterhub", "SUBDOMAIN_HOST": "https://jupyter.example.com",
-                                   "GOLDEN_IMAGE": f"vm-images/{NEW_IMAGE}"})
-    as_the_hub(cluster, reset_the_system, "bob", new_spec._machine_spec(next(
-        p for p in new_spec._profiles() if p.get("default"))))
-    assert kubectl(cluster, "-n", "notebook-bob", "get", "dv", "bob-rootdisk", "-o",
-                   "jsonpath={.spec.source.pvc.name}") == NEW_IMAGE
     assert out("kubectl get cdi cdi -o jsonpath") == "Deployed v1.66.0\n"
     assert "rbd.csi.ceph.com" in out("kubectl get csidriver rbd.csi.ceph.com")
     assert out('kubectl get storageprofile "$STORAGE_CLASS"') == "csi-clone\n"
