@@ -115,3 +115,86 @@ def test_the_commands_answer_bad_input_with_one_sentence_and_status_2(argv, sent
     err = capsys.readouterr().err
     assert err.startswith("kubevirt-spawner: ") and sentence in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+class FakeHub:
+    """A JupyterHub REST API that knows one token (alice's) and alice's stopped workstation, and
+    records every request that would change something (a start)."""
+
+    TOKEN = "alices-token"
+
+    def __init__(self):
+        import http.server
+        import threading
+        hub = self
+        self.changes: list[str] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _answer(self, status: int, body):
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                if self.headers.get("Authorization") != f"token {hub.TOKEN}":
+                    return self._answer(403, {"status": 403, "message": "Missing or invalid credentials."})
+                if self.path == "/hub/api/user":
+                    return self._answer(200, {"kind": "user", "name": "alice"})
+                if self.path.startswith("/hub/api/users/alice?"):
+                    return self._answer(200, {"name": "alice", "servers": {
+                        "": {"name": "", "ready": False, "pending": None, "url": "/user/alice/"}}})
+                if self.path.startswith("/hub/api/users/"):
+                    return self._answer(404, {"status": 404, "message": "Not Found"})
+                return self._answer(404, {"status": 404, "message": "Not Found"})
+
+            def do_POST(self):
+                hub.changes.append(self.path)
+                return self._answer(403, {"status": 403, "message": "not in this test"})
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def fake_hub():
+    hub = FakeHub()
+    yield hub
+    hub.close()
+
+
+@pytest.mark.parametrize("argv, token, sentence", [
+    (["tunnel", "alice"], "a-revoked-token", "refused the token (403): make a new one on {url}hub/token."),
+    (["ssh", "alice"], "a-revoked-token", "refused the token (403)"),
+    (["ssh-config"], "a-revoked-token", "refused the token (403)"),
+    (["tunnel", "bob"], FakeHub.TOKEN, "The hub shows this token no user bob"),
+    (["tunnel", "alice/gpu"], FakeHub.TOKEN, "alice has no server named gpu; start it once from the hub's home page."),
+    (["tunnel", "alice", "--no-start"], FakeHub.TOKEN,
+     "alice's workstation is stopped (--no-start); start it from the hub's home page or leave out --no-start."),
+    (["tunnel", "alice/gpu/x"], FakeHub.TOKEN, "'alice/gpu/x' names no workstation; write USER or USER/SERVER."),
+])
+def test_a_bad_token_a_missing_workstation_and_no_start_are_one_sentence_and_change_nothing(
+        argv, token, sentence, fake_hub, capsys, monkeypatch, tmp_path):
+    """What the hub answers (JupyterHub's REST API: 403 for a token it does not know,
+    jupyterhub/apihandlers/base.py; 404 for a user the token may not see) reaches the user as one
+    sentence and exit status 2, and nothing was asked of the hub that changes anything (no start)."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", token)
+    monkeypatch.setenv("JUPYTERHUB_URL", fake_hub.url)
+    monkeypatch.setattr("os.execve", lambda *a: pytest.fail(f"ssh was run: {a}"))
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kubevirt-spawner: ") and "Traceback" not in err, err
+    assert sentence.format(url=fake_hub.url) in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert fake_hub.changes == []
