@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 SSHD_PORT = 2222  # (not 22: the simulator runs without root on a developer's machine)
 KEYS_ACCESS = os.path.join("run", "kubevirt-workstation-keys", "service.json")  # (guest/keys.py's, on the machine)
 KEYS_TIMEOUT = 30.0
+AUTH_LOG = os.path.join("var", "log", "auth.log")  # (the machine's: where syslog puts sshd's lines)
 
 
 def write_keys_access(root: str, env: dict[str, str], account: str) -> str:
@@ -85,9 +86,17 @@ async def start(ip: str, root: str, account: str, home: str | None = None, keys_
         asyncssh.generate_private_key("ssh-ed25519").write_private_key(key_path)
     home = home or os.path.join(root, "home", account)
 
+    auth_log = os.path.join(root, AUTH_LOG)
+
     class Server(asyncssh.SSHServer):
         def connection_made(self, conn):
             self.conn = conn
+            # what the image's sshd logs for each connection (LogLevel VERBOSE), before a byte of SSH
+            peer, local = conn.get_extra_info("peername") or ("?", 0), conn.get_extra_info("sockname") or ("?", 0)
+            with contextlib.suppress(OSError):
+                os.makedirs(os.path.dirname(auth_log), exist_ok=True)
+                with open(auth_log, "a", encoding="utf-8") as f:
+                    f.write(f"sshd: Connection from {peer[0]} port {peer[1]} on {local[0]} port {local[1]}\n")
 
         async def begin_auth(self, username: str) -> bool:
             if username != account:

@@ -324,6 +324,24 @@ def hub(e2e_sim, tmp_path_factory):
 
 
 SERVICE_API = "/services/workstations/api/v1"
+
+
+def tunnel_handshake(hub: Hub, user: str, token: str) -> tuple[int, str]:
+    """Open `user`'s SSH tunnel (`/user/USER/sshd/`, through the proxy) with `token` in the
+    Authorization header, as `kubevirt-spawner tunnel` does, and close it at once without a byte:
+    the handshake's status (101: opened) and the guest's refusal sentence (X-Workstation-Refusal)."""
+    import aiohttp
+
+    async def handshake() -> tuple[int, str]:
+        async with aiohttp.ClientSession() as session:
+            try:
+                ws = await session.ws_connect(f"{hub.url}/user/{user}/sshd/", headers={"Authorization": f"token {token}"},
+                                              timeout=aiohttp.ClientWSTimeout(ws_close=10))
+            except aiohttp.WSServerHandshakeError as refused:
+                return refused.status, (refused.headers or {}).get("X-Workstation-Refusal", "")
+            await ws.close()
+            return 101, ""
+    return asyncio.run(handshake())
 CHROMIUM = "/usr/bin/chromium"  # Debian's; never a browser Playwright downloads
 
 

@@ -19,7 +19,7 @@ from urllib.parse import quote
 
 import pytest
 import requests
-from conftest import GOLDEN_BUILD, SERVICE_API, Cluster, Hub, hub_with_service
+from conftest import GOLDEN_BUILD, SERVICE_API, Cluster, Hub, hub_with_service, tunnel_handshake
 from guests import BOOT_TIMEOUT, GRACE, QEMU_CONFIG, holds, hub_token, qemu_simulator, run_as, volume_images
 from test_ssh import cli, keygen, keys_api, ssh, ssh_config, token_of
 
@@ -195,10 +195,10 @@ def test_alice_has_a_real_machine_that_keeps_what_she_installs(hub: Hub, cluster
 def test_ssh_through_the_hub_with_a_key_from_the_service(hub: Hub, cluster: Cluster, tmp_path: Path):
     """The golden image's OpenSSH sshd, reached through alice's server (`sshd/`, the hub's proxy):
     her key from the workstations service logs her in (the image's AuthorizedKeysCommand asks the
-    service from inside the machine), scp copies both ways, another user's token opens no
-    tunnel, and the key deleted in the service is refused at the next login. Upstream: OpenSSH
-    sshd_config(5) (AuthorizedKeysCommand, AuthorizedKeysCommandUser), jupyter-server-proxy
-    jupyter_server_proxy/rawsocket.py."""
+    service from inside the machine), scp copies both ways, another user's token and the admin's
+    open no tunnel (403; sshd's journal shows no connection), and the key deleted in the service
+    is refused at the next login. Upstream: OpenSSH sshd_config(5) (AuthorizedKeysCommand,
+    AuthorizedKeysCommandUser, LogLevel VERBOSE), jupyter-server-proxy jupyter_server_proxy/rawsocket.py."""
     if not (hub.server_model(USER) or {}).get("ready"):  # (run alone: the machine boots here)
         hub.start_server(USER, timeout=BOOT_TIMEOUT)
     token, other = token_of(hub, USER), token_of(hub, "mallory")
@@ -212,9 +212,22 @@ def test_ssh_through_the_hub_with_a_key_from_the_service(hub: Hub, cluster: Clus
     assert ssh(config, token, hub, str(tmp_path / "up.txt"), f"kubevirt.{USER}:up.txt", program="scp").returncode == 0
     assert ssh(config, token, hub, f"kubevirt.{USER}:up.txt", str(tmp_path / "down.txt"), program="scp").returncode == 0
     assert (tmp_path / "down.txt").read_text() == "up\n" and sh(hub, "cat ~/up.txt") == "up\n"
-    # the password and root logins the image refuses, and another user's token
+    # another user's token opens no tunnel, nor does the hub's admin's (who may open her server):
+    # 403, and no connection reaches the image's sshd, which logs each one (LogLevel VERBOSE; her
+    # own empty tunnel shows the count moves)
+    def connections() -> int:
+        return int(sh(hub, "sudo -n journalctl -u ssh.service -o cat --no-pager | grep -c '^Connection from ' || true"))
+    before = connections()
+    assert tunnel_handshake(hub, USER, token) == (101, "")
+    wait_for(lambda: connections() == before + 1, 60, what="her own tunnel's connection in sshd's journal")
+    assert tunnel_handshake(hub, USER, other)[0] == 403
+    admin = hub.http.headers["Authorization"].split()[1]
+    assert tunnel_handshake(hub, USER, admin)[0] == 403
+    time.sleep(3)
+    assert connections() == before + 1
     refused = cli("tunnel", USER, "--no-start", token=other, hub=hub)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    # the password and root logins the image refuses
     root = ssh(config, token, hub, "-l", "root", f"kubevirt.{USER}", "true")
     assert root.returncode == 255 and "Permission denied" in root.stderr, root.stderr
     # deleted in the service: the next login is refused

@@ -11,12 +11,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from urllib.parse import quote
 
 import pytest
 import requests
-from conftest import SERVICE_API, Hub, hub_with_service
+from conftest import SERVICE_API, Hub, hub_with_service, tunnel_handshake
 
 from simtools import wait_for
 
@@ -131,7 +132,21 @@ def test_a_key_from_the_hub_opens_ssh_and_scp_until_it_is_deleted(hub: Hub, tmp_
     hub.wait_ready(USER, timeout=120)
     assert ssh(config, token, hub, f"kubevirt.{USER}", "cat up.txt").stdout == "to the workstation\n"
 
-    # another user's token cannot open sofia's tunnel: a sentence, status 2, no bytes to her sshd
+    # another user's token cannot open sofia's tunnel, nor can the hub's admin (who may open her
+    # server): 403, and no connection reaches her sshd (its log, as the image's sshd at LogLevel
+    # VERBOSE, has a line for each; her own empty tunnel shows the count moves)
+    def connections() -> int:
+        log = "open(os.path.join(os.environ['KUBEVIRT_SIM_MACHINE_ROOT'], 'var/log/auth.log')).read()"
+        return int(hub.execute(USER, f"import os\nprint({log}.count('sshd: Connection from '))").strip())
+    before = connections()
+    assert tunnel_handshake(hub, USER, token) == (101, "")
+    wait_for(lambda: connections() == before + 1, 30, what="her own tunnel's connection to her sshd")
+    assert tunnel_handshake(hub, USER, other)[0] == 403
+    admin = hub.http.headers["Authorization"].split()[1]
+    assert tunnel_handshake(hub, USER, admin) == (403, f"Only {USER} can open this workstation's SSH tunnel, "
+                                                       "not demo-admin.")
+    time.sleep(2)
+    assert connections() == before + 1
     refused = cli("tunnel", USER, "--no-start", token=other, hub=hub)
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "Traceback" not in refused.stderr, \
         refused.stderr
