@@ -132,6 +132,11 @@ def _admin_drain(args) -> int:
                                                    args.dry_run, args.reason, args.timeout, sys.stdout)))
 
 
+def _acceptance(args) -> int:
+    from . import acceptance
+    return acceptance.main(args)
+
+
 def _add_login_flags(parser) -> None:
     parser.add_argument("--hub-url", default=None, help="the hub's URL (default: $JUPYTERHUB_URL, else the login's)")
     parser.add_argument("--token", default=None, help="a JupyterHub API token (default: $JUPYTERHUB_API_TOKEN, "
@@ -200,6 +205,29 @@ def main(argv: list[str] | None = None) -> int:
                        help="seconds to wait for the workstations to stop (default: the grace and 5 minutes)")
     _add_login_flags(drain)
     drain.set_defaults(func=_admin_drain)
+    acc = sub.add_parser("acceptance", help="run the design document's acceptance experiments against a hub "
+                                            "(an admin's token), with a report")
+    _add_login_flags(acc)
+    acc.add_argument("--kubeconfig", default=None, help="read access to the cluster (deploy/rbac/acceptance-reader.yaml):"
+                                                        " nodes, pods, the test VMs, claims, volume attachments")
+    acc.add_argument("--user", default="kvs-acceptance", help="the test user (made if missing; default kvs-acceptance)")
+    acc.add_argument("--profile", default=None, help="the profile of the test workstation (default: the hub's default)")
+    acc.add_argument("--only", default=None, help="sections to run, comma-separated: host, persistence, storage, security")
+    acc.add_argument("--clones", type=int, default=2, help="workstations cloned at once (default 2; 0: none)")
+    acc.add_argument("--grow-profile", default=None, help="a profile with a larger root disk, to see a disk grow")
+    acc.add_argument("--idle-wait", type=float, default=900.0,
+                     help="the longest idle timeout (seconds) the suite waits out to see the warning and the stop")
+    acc.add_argument("--start-timeout", type=float, default=1800.0, help="seconds a start may take (default 1800)")
+    acc.add_argument("--destructive", action="store_true", help="with --node: ask the admin to power the node off "
+                                                                "and fence it, then check the cold start elsewhere")
+    acc.add_argument("--node", default=None, help="the node --destructive loses (the test workstation must run there)")
+    acc.add_argument("--pool-label", default="workload.example.com/kubevirt",
+                     help="the workstation pools' node label (deploy/settings.env KUBEVIRT_NODE_LABEL)")
+    acc.add_argument("--accelerator-label", default="accelerator.example.com/mode",
+                     help="the node label whose value vfio marks GPU passthrough nodes (ACCELERATOR_LABEL)")
+    acc.add_argument("--report", action="append", default=[], metavar="FILE",
+                     help="write the report to FILE.json, FILE.html or FILE.md (repeatable)")
+    acc.set_defaults(func=_acceptance)
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command in ("sim", "demo") and args.speed <= 0:
