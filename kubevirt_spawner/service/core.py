@@ -820,9 +820,10 @@ class Workstations(LoggingConfigurable):
             for obj in cache.values():
                 meta = obj["metadata"]
                 if m.LABEL_RETAINED in (meta.get("labels") or {}):
+                    ann = meta.get("annotations") or {}
                     retained.append({"kind": kind, "namespace": meta["namespace"], "name": meta["name"],
-                                     "user": (meta.get("annotations") or {}).get(m.ANNOTATION_USERNAME),
-                                     "retain_until": (meta.get("annotations") or {}).get(m.ANNOTATION_RETAIN_UNTIL)})
+                                     "user": ann.get(m.ANNOTATION_USERNAME), "server": ann.get(m.ANNOTATION_SERVERNAME, ""),
+                                     "retain_until": ann.get(m.ANNOTATION_RETAIN_UNTIL)})
         return {"running": len(running), "cpu": cpu, "memory_bytes": int(memory), "gpus": gpus,
                 "disks": {"provisioned_bytes": int(provisioned), "used_bytes_last_known": int(used)},
                 "snapshots": len(caches.snapshots.values()),
