@@ -112,10 +112,14 @@ vm_nodes = {
     "tolerations": [{"key": node_label, "operator": "Equal", "value": "true", "effect": "NoSchedule"}],
 }
 gpu_nodes = {**vm_nodes, "node_selector": {node_label: "true", accelerator_label: "vfio"}}
+# A CPU workstation keeps off the GPU nodes (label-nodes.sh gives vm-cpu nodes no accelerator mode):
+# otherwise the scheduler favours their many free CPUs and the GPUs wait behind it.
+cpu_nodes = {**vm_nodes, "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+    "nodeSelectorTerms": [{"matchExpressions": [{"key": accelerator_label, "operator": "DoesNotExist"}]}]}}}}
 c.KubeVirtSpawner.profile_list = [
     {"display_name": "Workstation: 4 CPUs, 16 GiB", "slug": "cpu-4", "default": True, "version": "1",
      "description": "CPU-only machine for notebooks, builds and data preparation.",
-     "kubevirt_override": {"cpu_guarantee": 4, "mem_guarantee": "16G", **vm_nodes}},
+     "kubevirt_override": {"cpu_guarantee": 4, "mem_guarantee": "16G", **cpu_nodes}},
     *({"display_name": f"GPU workstation: 1x {resource.rsplit('/', 1)[-1]}, 8 CPUs, 64 GiB",
        "slug": "gpu-" + re.sub(r"[^a-z0-9]+", "-", resource.rsplit("/", 1)[-1].lower()).strip("-") + "-1",
        "version": "1", "description": "One GPU passed through to the VM (VFIO).",
