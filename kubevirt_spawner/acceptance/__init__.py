@@ -38,7 +38,7 @@ def check_reports(paths: list[str]) -> None:
 
 
 async def run_suite(url: str, token: str, kubeconfig: str | None, options: Options, out: TextIO = sys.stdout,
-                    prompt=None) -> tuple[list[Record], dict]:
+                    prompt=None, suite_class: type[Suite] = Suite) -> tuple[list[Record], dict]:
     from .. import __version__
     cluster = None
     if kubeconfig:
@@ -49,7 +49,7 @@ async def run_suite(url: str, token: str, kubeconfig: str | None, options: Optio
             "started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "version": __version__,
             "kubeconfig": bool(kubeconfig), "only": list(options.only), "destructive": options.destructive}
     async with aiohttp.ClientSession() as session:
-        suite = Suite(Target(session, url, token), cluster, options, out, prompt)
+        suite = suite_class(Target(session, url, token), cluster, options, out, prompt)
         try:
             await suite.run()
         finally:

@@ -50,6 +50,7 @@ class Options:
     bench_mib: int = 256
     bench_files: int = 5000
     fence_timeout: float = 1800.0
+    release_wait: float = 120.0  # how long a stopped machine's launcher pod may take to go
 
 
 @dataclass
@@ -319,7 +320,7 @@ class Suite:
         if vmi is not None:
             return FAIL, "The VirtualMachineInstance is still there after the stop.", figures
         # the launcher pod goes with a grace period; wait for it as the scheduler would
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + self.o.release_wait
         while True:
             left = [p["metadata"]["name"] for p in await self.cluster.pods_on(node)
                     if (p["metadata"].get("labels") or {}).get("kubevirt.io/created-by") == uid]
@@ -333,8 +334,8 @@ class Suite:
                         "freed memory GiB": round(freed.get("memory", 0.0) / 2**30, 2),
                         "freed GPUs": {k: v for k, v in freed.items() if k.startswith(GPU_VENDOR_PREFIXES)}})
         if left:
-            return FAIL, (f"The launcher pod {left[0]} still holds its CPU, memory and GPUs on {node} two minutes after "
-                          "the stop."), figures
+            return FAIL, (f"The launcher pod {left[0]} still holds its CPU, memory and GPUs on {node} "
+                          f"{self.o.release_wait:.0f} s after the stop."), figures
         claims = await self.cluster.workstation_claims(vm)
         unbound = [c["metadata"]["name"] for c in claims if (c.get("status") or {}).get("phase") != "Bound"]
         figures["disks"] = sorted(c["metadata"]["name"] for c in claims)

@@ -18,13 +18,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import SERVICE_API, Hub, hub_with_service  # noqa: F401 (SERVICE_API: the service's mount)
+from conftest import Hub, hub_with_service
+from kubernetes import client
 
-from kubevirt_spawner.acceptance import run_suite
-from kubevirt_spawner.acceptance.experiments import Options
-from kubevirt_spawner.acceptance.report import PASS, SKIP, to_html
+from kubevirt_spawner.acceptance import guest, run_suite
+from kubevirt_spawner.acceptance.experiments import Options, Suite
+from kubevirt_spawner.acceptance.report import FAIL, PASS, SKIP, to_html
 
-from simtools import apply, service_account_kubeconfig
+from simtools import api_client, apply, service_account_kubeconfig
 
 READER = Path(__file__).resolve().parents[2] / "deploy" / "acceptance" / "acceptance-reader.yaml"
 IDLE_TIMEOUT = 40
@@ -35,6 +36,8 @@ POOL = {"node_selector": {"workload.example.com/kubevirt": "true"},
                          "effect": "NoSchedule"}],
         "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
             {"matchExpressions": [{"key": "accelerator.example.com/mode", "operator": "DoesNotExist"}]}]}}}}
+GPU_POOL = {"node_selector": {"workload.example.com/kubevirt": "true", "accelerator.example.com/mode": "vfio"},
+            "tolerations": POOL["tolerations"]}
 CONFIG = f"""
 c.KubeVirtSpawner.retention_days = 0  # the suite may purge what it made at once
 c.KubeVirtSpawner.start_timeout = 180
@@ -44,6 +47,9 @@ c.Workstations.idle_warn_before = 20
 c.KubeVirtSpawner.profile_list = [
     {{"display_name": "CPU workstation", "slug": "cpu", "default": True,
       "kubevirt_override": {{"cpu_guarantee": 2, "mem_guarantee": "4G", **{POOL!r}}}}},
+    {{"display_name": "GPU workstation", "slug": "gpu",
+      "kubevirt_override": {{"cpu_guarantee": 2, "mem_guarantee": "4G", "gpus": {{"nvidia.com/A100-PCIE-40GB": 1}},
+                            **{GPU_POOL!r}}}}},
     {{"display_name": "CPU workstation, larger disk", "slug": "cpu-big",
       "kubevirt_override": {{"cpu_guarantee": 2, "mem_guarantee": "4G", "root_disk_size": "80Gi", **{POOL!r}}}}},
 ]
@@ -71,10 +77,10 @@ def reader_kubeconfig(sim, path: Path) -> str:
     return service_account_kubeconfig(sim, "default", "acceptance", path)
 
 
-def run(hub: Hub, kubeconfig: str | None, **options) -> tuple[dict, str, list]:
+def run(hub: Hub, kubeconfig: str | None, suite_class=Suite, **options) -> tuple[dict, str, list]:
     out = io.StringIO()
     records, meta = asyncio.run(run_suite(hub.url + "/", hub.settings.admin_token, kubeconfig,
-                                          Options(**options), out))
+                                          Options(**options), out, suite_class=suite_class))
     return {f"{r.section}/{r.name}": r for r in records}, out.getvalue(), records
 
 
@@ -119,3 +125,64 @@ def test_the_suite_passes_what_the_simulator_can_show(hub: Hub, tmp_path: Path):
     # what the suite made is gone: its users, and (retention 0) their disks
     users = {u["name"] for u in hub.api("GET", "/users").json()}
     assert not {u for u in users if u.startswith("acc")}, users
+
+
+# ------------------------------------------------------------ each experiment fails when broken
+class FileLostAtStop(Suite):
+    """A file in /etc goes between the write and the stop, as a disk that lost it would show."""
+
+    async def stop_releases(self):
+        await self.t.run_python(self.user, self.server, guest.PRELUDE + "os.remove(at('/etc/kvs-acceptance/marker'))")
+        return await super().stop_releases()
+
+
+class LauncherHeld(Suite):
+    """The launcher pod of the GPU machine stays (a finalizer nobody removes): its GPU is not released."""
+
+    sim = None  # (the test's simulator: its admin makes the finalizer)
+    pod: tuple[str, str] | None = None
+
+    async def stop_releases(self):
+        vm, vmi = await self.vm_and_vmi()
+        uid = vmi["metadata"]["uid"]
+        pods = [p for p in await self.cluster.pods("kubevirt.io=virt-launcher")
+                if (p["metadata"].get("labels") or {}).get("kubevirt.io/created-by") == uid]
+        ns, name = pods[0]["metadata"]["namespace"], pods[0]["metadata"]["name"]
+        LauncherHeld.pod = (ns, name)
+        admin = client.CoreV1Api(api_client(self.sim))
+        admin.patch_namespaced_pod(name, ns, {"metadata": {"finalizers": ["example.com/hold"]}})
+        return await super().stop_releases()
+
+
+class TokenOnDisk(Suite):
+    """The hub's API token written to the root disk, as a leaking program would."""
+
+    async def no_credentials(self):
+        await self.t.run_python(self.user, self.server, guest.PRELUDE +
+                                "put('/var/tmp/kvs-leak', os.environ['JUPYTERHUB_API_TOKEN'])")
+        return await super().no_credentials()
+
+
+def test_each_experiment_fails_when_what_it_checks_is_broken(hub: Hub, tmp_path: Path):
+    """A file lost at the stop, a launcher pod (and its GPU) not released, the hub's token on the
+    root disk: each experiment that checks it says FAIL with a sentence naming it."""
+    kubeconfig = reader_kubeconfig(hub.sim, tmp_path / "reader.kubeconfig")
+    LauncherHeld.sim = hub.sim
+
+    found, printed, _ = run(hub, kubeconfig, FileLostAtStop, user="lost", only=("persistence",), clones=0)
+    assert found["persistence/files-kept"].result == FAIL, printed
+    assert "/etc/kvs-acceptance/marker" in found["persistence/files-kept"].sentence
+    assert found["persistence/pip-package-kept"].result == PASS, printed
+
+    found, printed, _ = run(hub, kubeconfig, LauncherHeld, user="held", only=("persistence",), profile="gpu",
+                            release_wait=8)
+    try:
+        r = found["persistence/stop-releases-compute-keeps-disks"]
+        assert r.result == FAIL and "still holds its CPU, memory and GPUs" in r.sentence, printed
+    finally:
+        ns, name = LauncherHeld.pod
+        client.CoreV1Api(api_client(hub.sim)).patch_namespaced_pod(name, ns, {"metadata": {"finalizers": None}})
+
+    found, printed, _ = run(hub, kubeconfig, TokenOnDisk, user="leak", only=("security",))
+    r = found["security/no-cluster-credentials-in-guest"]
+    assert r.result == FAIL and "/var/tmp/kvs-leak (holds the hub's API token)" in r.sentence, printed
