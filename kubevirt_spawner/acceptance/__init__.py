@@ -63,8 +63,9 @@ def write_reports(paths: list[str], records: list[Record], meta: dict) -> None:
             f.write(render(path, records, meta))
 
 
-def main(args, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+def main(args, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """The command: prints each experiment as it ends, writes the reports, exits 1 on any FAIL."""
+    out, err = out or sys.stdout, err or sys.stderr
     from ..ssh import ClientError, hub_url, resolve_login
     try:
         options = Options(user=args.user, profile=args.profile, only=parse_only(args.only), clones=args.clones,
