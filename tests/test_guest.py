@@ -551,9 +551,11 @@ async def test_a_tunnel_the_hub_turned_off_is_403_and_reaches_no_sshd(tmp_path, 
 
 
 async def test_a_tunnel_to_an_sshd_that_does_not_listen_is_closed_with_a_sentence(tmp_path, fake_service):
+    """(Right after a boot it would first wait sshd_boot_wait for sshd to start: not here.)"""
     import aiohttp
     port = free_port()  # nothing listens there
-    s = Server(tmp_path, hub_env(fake_service.url), (f"--WorkstationGuest.sshd_port={port}",), base_url=BASE_URL)
+    s = Server(tmp_path, hub_env(fake_service.url), (f"--WorkstationGuest.sshd_port={port}",
+                                                     "--WorkstationGuest.sshd_boot_wait=0"), base_url=BASE_URL)
     try:
         async with aiohttp.ClientSession() as session:
             async with session.ws_connect(tunnel_url(s), headers={"Authorization": f"token {BROWSER_TOKEN}"}) as ws:
@@ -668,3 +670,27 @@ def test_without_code_server_there_is_no_vscode(server):
     assert server.request("GET", "workstation/api/info").json()["vscode_url"] == ""
     assert server.request("GET", "vscode/").status_code == 404
     assert "VS Code: not offered" in server.log()
+
+
+async def test_a_tunnel_opened_as_the_machine_boots_waits_for_sshd_to_listen(tmp_path, fake_service):
+    """Jupyter is ready before sshd at a boot (the image's unit starts it early): a tunnel opened
+    then (within sshd_boot_window of the boot) waits for
+    sshd and carries the bytes once it listens."""
+    import aiohttp
+    port = free_port()
+    s = Server(tmp_path, hub_env(fake_service.url), (f"--WorkstationGuest.sshd_port={port}",
+                                                     "--WorkstationGuest.sshd_boot_wait=30",
+                                                     "--WorkstationGuest.sshd_boot_window=1e9"), base_url=BASE_URL)
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.ws_connect(tunnel_url(s), headers={"Authorization": f"token {BROWSER_TOKEN}"}) as ws:
+                await asyncio.sleep(2)  # sshd comes up late
+                server = await asyncio.start_server(
+                    lambda r, w: (w.write(b"SSH-2.0-late\r\n"), None)[1], "127.0.0.1", port)
+                try:
+                    message = await ws.receive(timeout=20)
+                finally:
+                    server.close()
+        assert message.type == aiohttp.WSMsgType.BINARY and message.data.startswith(b"SSH-2.0-late"), message
+    finally:
+        s.stop()

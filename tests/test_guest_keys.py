@@ -119,7 +119,7 @@ def test_the_image_asks_the_command_and_takes_no_password():
     recipe = Path(__file__).resolve().parents[1] / "deploy" / "golden-image"
     settings = dict(line.split(None, 1) for line in (recipe / "sshd.conf").read_text().splitlines()
                     if line.strip() and not line.startswith("#"))
-    assert settings == {"PasswordAuthentication": "no", "KbdInteractiveAuthentication": "no", "PermitRootLogin": "no",
+    assert settings == {"LogLevel": "VERBOSE", "PasswordAuthentication": "no", "KbdInteractiveAuthentication": "no", "PermitRootLogin": "no",
                         "PubkeyAuthentication": "yes",
                         "AuthorizedKeysCommand": "/opt/jupyter/bin/kubevirt-workstation-keys %u",
                         "AuthorizedKeysCommandUser": keys.KEYS_GROUP}

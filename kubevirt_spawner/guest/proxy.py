@@ -63,6 +63,10 @@ class WorkstationGuest(LoggingConfigurable):
                             "else on.").tag(config=True)
     sshd_host = Unicode("127.0.0.1", help="Where this machine's sshd listens.").tag(config=True)
     sshd_port = Integer(22, min=1, max=65535, help="The port of this machine's sshd.").tag(config=True)
+    sshd_boot_wait = Float(60.0, min=0.0, help="Seconds an SSH tunnel opened in the first minutes after a boot waits "
+                                               "for sshd to listen (it starts after Jupyter).").tag(config=True)
+    sshd_boot_window = Float(300.0, min=0.0, help="Seconds after a boot in which sshd may still be starting "
+                                                  "(sshd_boot_wait applies).").tag(config=True)
 
     code_server = Unicode(help="The code-server command behind `vscode/` (VS Code in the browser); empty: "
                                "VS Code is not offered. Default: code-server on PATH (the golden image's "

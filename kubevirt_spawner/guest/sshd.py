@@ -46,6 +46,12 @@ REFUSAL_HEADER = "X-Workstation-Refusal"
 CLOSE_INTERNAL_ERROR = 1011
 
 
+
+
+def seconds_since_boot() -> float:
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
 def client_address(forwarded_for: str | None, remote_ip: str | None) -> str:
     """Where the tunnel comes from, for the user's own status line: the first address of
     configurable-http-proxy's X-Forwarded-For (the client as the proxy saw it), else the peer.
@@ -89,13 +95,22 @@ class SshTunnelHandler(RawSocketHandler):
 
     async def proxy_open(self, host: str, port: int, proxied_path: str = "") -> None:
         where = f"{self.guest.sshd_host}:{self.guest.sshd_port}"
-        try:
-            await super().proxy_open(host, port, proxied_path)
-        except OSError as err:
-            reason = err.strerror or str(err)
-            self.log.warning("SSH tunnel: sshd at %s does not answer: %s", where, reason)
-            self.close(CLOSE_INTERNAL_ERROR, f"The workstation's sshd at {where} does not answer ({reason}).")
-            return
+        # Jupyter is up early in a boot, sshd after the network and cloud-init: a tunnel opened
+        # as the machine becomes ready (`kubevirt-spawner ssh` starting it) waits for sshd.
+        waits = self.guest.sshd_boot_wait if seconds_since_boot() < self.guest.sshd_boot_window else 0.0
+        deadline = time.monotonic() + waits
+        while True:
+            try:
+                await super().proxy_open(host, port, proxied_path)
+                break
+            except OSError as err:
+                if isinstance(err, ConnectionRefusedError) and time.monotonic() < deadline:
+                    await asyncio.sleep(1.0)
+                    continue
+                reason = err.strerror or str(err)
+                self.log.warning("SSH tunnel: sshd at %s does not answer: %s", where, reason)
+                self.close(CLOSE_INTERNAL_ERROR, f"The workstation's sshd at {where} does not answer ({reason}).")
+                return
         self._tunnel_id = id(self)
         tunnel = {"from": client_address(self.request.headers.get("X-Forwarded-For"), self.request.remote_ip),
                   "since": time.time()}

@@ -328,8 +328,9 @@ SERVICE_API = "/services/workstations/api/v1"
 
 def tunnel_handshake(hub: Hub, user: str, token: str) -> tuple[int, str]:
     """Open `user`'s SSH tunnel (`/user/USER/sshd/`, through the proxy) with `token` in the
-    Authorization header, as `kubevirt-spawner tunnel` does, and close it at once without a byte:
-    the handshake's status (101: opened) and the guest's refusal sentence (X-Workstation-Refusal)."""
+    Authorization header, as `kubevirt-spawner tunnel` does: the handshake's status and, refused,
+    the guest's sentence (X-Workstation-Refusal); opened (101), sshd's banner (the first line it
+    sends: the connection reached it), and the tunnel closed before any SSH is spoken."""
     import aiohttp
 
     async def handshake() -> tuple[int, str]:
@@ -339,8 +340,13 @@ def tunnel_handshake(hub: Hub, user: str, token: str) -> tuple[int, str]:
                                               timeout=aiohttp.ClientWSTimeout(ws_close=10))
             except aiohttp.WSServerHandshakeError as refused:
                 return refused.status, (refused.headers or {}).get("X-Workstation-Refusal", "")
-            await ws.close()
-            return 101, ""
+            try:
+                message = await ws.receive(timeout=60)
+                said = message.data if isinstance(message.data, (bytes, str)) else b""
+                banner = (said.decode(errors="replace") if isinstance(said, bytes) else said).splitlines()
+                return 101, banner[0] if banner else ""
+            finally:
+                await ws.close()
     return asyncio.run(handshake())
 CHROMIUM = "/usr/bin/chromium"  # Debian's; never a browser Playwright downloads
 

@@ -139,7 +139,8 @@ def test_a_key_from_the_hub_opens_ssh_and_scp_until_it_is_deleted(hub: Hub, tmp_
         log = "open(os.path.join(os.environ['KUBEVIRT_SIM_MACHINE_ROOT'], 'var/log/auth.log')).read()"
         return int(hub.execute(USER, f"import os\nprint({log}.count('sshd: Connection from '))").strip())
     before = connections()
-    assert tunnel_handshake(hub, USER, token) == (101, "")
+    opened, banner = tunnel_handshake(hub, USER, token)
+    assert opened == 101 and banner.startswith("SSH-2.0-"), banner
     wait_for(lambda: connections() == before + 1, 30, what="her own tunnel's connection to her sshd")
     assert tunnel_handshake(hub, USER, other)[0] == 403
     admin = hub.http.headers["Authorization"].split()[1]
