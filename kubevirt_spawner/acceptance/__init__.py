@@ -9,7 +9,7 @@ import asyncio
 import sys
 import time
 from datetime import datetime, timezone
-from typing import TextIO
+from typing import Any, TextIO
 
 import aiohttp
 
@@ -45,7 +45,7 @@ async def run_suite(url: str, token: str, kubeconfig: str | None, options: Optio
         from .cluster import Cluster
         cluster = Cluster(kubeconfig)
     began = time.monotonic()
-    meta = {"hub_url": url, "user": options.user, "profile": options.profile,
+    meta: dict[str, Any] = {"hub_url": url, "user": options.user, "profile": options.profile,
             "started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "version": __version__,
             "kubeconfig": bool(kubeconfig), "only": list(options.only), "destructive": options.destructive}
     async with aiohttp.ClientSession() as session:

@@ -79,8 +79,8 @@ class Cluster:
     async def workstation_claims(self, vm: dict) -> list[dict]:
         """The claims the workstation's VM mounts (its disks)."""
         volumes = ((vm.get("spec") or {}).get("template") or {}).get("spec", {}).get("volumes") or []
-        names = {(v.get("persistentVolumeClaim") or {}).get("claimName") or (v.get("dataVolume") or {}).get("name")
-                 for v in volumes} - {None}
+        names = {str((v.get("persistentVolumeClaim") or {}).get("claimName") or (v.get("dataVolume") or {}).get("name"))
+                 for v in volumes if v.get("persistentVolumeClaim") or v.get("dataVolume")}
         return await self.claims(vm["metadata"]["namespace"], names)
 
     async def volume_attachments(self) -> list[dict]:

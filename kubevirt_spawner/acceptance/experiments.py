@@ -64,7 +64,8 @@ class Made:
 class Suite:
     def __init__(self, target: Target, cluster: Cluster | None, options: Options, out: TextIO = sys.stdout,
                  prompt: Callable[[str], None] | None = None):
-        self.t, self.cluster, self.o, self.out = target, cluster, options, out
+        self.t, self.o, self.out = target, options, out
+        self._cluster = cluster
         self.prompt = prompt or (lambda text: print(text, file=sys.stderr, flush=True))
         self.records: list[Record] = []
         self.made = Made()
@@ -73,6 +74,17 @@ class Suite:
         self.server = SERVER
         self.facts: dict[str, Any] = {}
         self.written: dict[str, bool] = {}
+
+    @property
+    def has_cluster(self) -> bool:
+        return self._cluster is not None
+
+    @property
+    def cluster(self) -> Cluster:
+        """The cluster's reads; only where has_cluster was checked (an experiment without one is SKIP)."""
+        if self._cluster is None:
+            raise Skip("Give --kubeconfig (read access to the cluster) for this experiment.")
+        return self._cluster
 
     @property
     def name(self) -> str:
@@ -142,7 +154,7 @@ class Suite:
     # ------------------------------------------------------------ host and scheduling
     async def host_checks(self):
         names = ["node-pools", "check-node", "no-container-gpus-on-vfio-nodes"]
-        if self.cluster is None:
+        if not self.has_cluster:
             self.skipped("host", names + ["placement"], "Give --kubeconfig (read access to nodes and pods) to check "
                                                           "the hosts.")
             return
@@ -230,7 +242,7 @@ class Suite:
 
     async def placement(self):
         """The test workstation's VMI runs on a node its VM selects, in the workstation pool."""
-        if self.cluster is None:
+        if not self.has_cluster:
             raise Skip("Give --kubeconfig to see where the workstation runs.")
         vm, vmi = await self.vm_and_vmi()
         if vmi is None:
@@ -302,14 +314,14 @@ class Suite:
         """Stopped: no VMI, no launcher pod on the node it ran on (its CPU, memory and GPU free for
         others), every disk still Bound."""
         before: dict = {}
-        if self.cluster is not None:
+        if self.has_cluster:
             vm, vmi = await self.vm_and_vmi()
             node = (vmi or {}).get("status", {}).get("nodeName")
             uid = (vmi or {}).get("metadata", {}).get("uid")
             before = {"node": node, "uid": uid, "free": await self.free_on(node) if node else {}}
         seconds = await self.t.stop(self.user, self.server, self.o.start_timeout)
         figures: dict[str, Any] = {"stop seconds": round(seconds, 1)}
-        if self.cluster is None:
+        if not self.has_cluster:
             view = await self.t.status(self.user, self.server)
             if view.get("phase") not in ("stopped", "Stopped") and view.get("hub", {}).get("ready"):
                 return FAIL, f"The service says {self.name} is {view.get('phase')} after the hub stopped it.", figures
@@ -434,7 +446,7 @@ class Suite:
             return FAIL, f"After {self.name} was deleted in the hub, no retained disk of it is listed.", figures
         if any(not r.get("retain_until") for r in kept):
             return FAIL, "A retained disk has no retain-until date.", figures
-        if self.cluster is not None:
+        if self.has_cluster:
             by_namespace: dict[str, set[str]] = {}
             for r in kept:
                 if r["kind"] == "PersistentVolumeClaim":
@@ -470,7 +482,7 @@ class Suite:
         url = await self.t.url_of(self.user, self.server)
         path = self.t.workstation_path(self.user, self.server)
         before = len((await self.t.service("GET", path + "/snapshots"))[1].get("snapshots") or [])
-        answers = {
+        answers: dict[str, Any] = {
             "jupyter": (await self.t.as_user(token, "GET", url + "api/contents"))[0],
             "service view": (await self.t.service("GET", path, token=token))[0],
             "service snapshot": (await self.t.service("POST", path + "/snapshots", {"name": "acc-intruder"},
@@ -498,7 +510,7 @@ class Suite:
     async def vmi_address_refuses(self):
         """Straight to the VMI's address, past the hub and the proxy, without a token: refused (or
         not reachable at all, as network policies make it)."""
-        if self.cluster is None:
+        if not self.has_cluster:
             raise Skip("Give --kubeconfig to learn the VMI's address.")
         import aiohttp
         _, vmi = await self.vm_and_vmi()
@@ -733,7 +745,7 @@ class Suite:
         starts cold on another node, its root disk attached there only."""
         if not self.o.destructive or not self.o.node:
             raise Skip("Give --destructive --node NODE to lose a node and see the cold start elsewhere.")
-        if self.cluster is None:
+        if not self.has_cluster:
             raise Skip("Give --kubeconfig to see the node and the volume attachments.")
         node = self.o.node
         _, vmi = await self.vm_and_vmi()
@@ -761,7 +773,7 @@ class Suite:
         now_on = (vmi or {}).get("status", {}).get("nodeName")
         vm, _ = await self.vm_and_vmi()
         volumes = {c["spec"].get("volumeName") for c in await self.cluster.workstation_claims(vm)}
-        attached = [(a["spec"].get("nodeName"), (a["spec"].get("source") or {}).get("persistentVolumeName"))
+        attached = [(str(a["spec"].get("nodeName")), str((a["spec"].get("source") or {}).get("persistentVolumeName")))
                     for a in await self.cluster.volume_attachments()
                     if (a["spec"].get("source") or {}).get("persistentVolumeName") in volumes
                     and (a.get("status") or {}).get("attached")]
