@@ -11,6 +11,7 @@ import time
 
 import pytest
 import requests
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from kubevirt_spawner.guest.activity import BusyProcesses
@@ -412,6 +413,15 @@ def test_a_lost_node_keeps_its_vmi_running_until_its_launcher_pod_is_gone(custom
         assert pod.spec.node_name == node and pod.status.phase == "Running"
         assert pod.metadata.owner_references[0].uid == vmi["metadata"]["uid"]
         assert pod.metadata.labels["kubevirt.io/created-by"] == vmi["metadata"]["uid"]
+        # the disk's VolumeAttachment (kubernetes pkg/volume/csi/csi_attacher.go): csi-<sha256> per volume and node
+        pv = core.read_namespaced_persistent_volume_claim("a-disk", ns).spec.volume_name
+        storage = client.StorageV1Api(core.api_client)
+
+        def attached() -> list[tuple[str, str, bool]]:
+            return sorted((va.spec.node_name, va.metadata.name, bool(va.status and va.status.attached))
+                          for va in storage.list_volume_attachment().items if va.spec.source.persistent_volume_name == pv)
+        held = attached()
+        assert [(n, a) for n, _, a in held] == [(node, True)] and len(held[0][1]) == len("csi-") + 64, held
 
         http(sim).post(f"{sim.url}/sim/v1/nodes/{node}/lose")
         n = core.read_node(node)
@@ -443,6 +453,7 @@ def test_a_lost_node_keeps_its_vmi_running_until_its_launcher_pod_is_gone(custom
         assert events[0].involved_object.kind == "Pod" and events[0].involved_object.name.startswith("virt-launcher-b-")
         assert pod.metadata.name in events[0].message
         assert vmi_phase(custom, ns, "b") == "Scheduled"
+        assert [n for n, _, _ in attached()] == [node]  # (still the lost node's: nothing detached it)
 
         http(sim).post(f"{sim.url}/sim/v1/nodes/{node}/fence")
         assert any(t.key == "node.kubernetes.io/out-of-service" and t.effect == "NoExecute"
@@ -452,6 +463,8 @@ def test_a_lost_node_keeps_its_vmi_running_until_its_launcher_pod_is_gone(custom
                    for e in core.list_namespaced_event(ns).items)
         wait_for(lambda: vmi_phase(custom, ns, "b") == "Running", what="b takes the disk")
         assert custom.get_namespaced_custom_object(*KV, ns, "virtualmachineinstances", "b")["status"]["nodeName"] != node
+        b_node = custom.get_namespaced_custom_object(*KV, ns, "virtualmachineinstances", "b")["status"]["nodeName"]
+        assert [(n, a) for n, _, a in attached()] == [(b_node, True)]  # detached from the fenced node, then attached
         assert http(sim).get(f"{sim.url}/sim/v1/violations").json()["violations"] == []
         http(sim).post(f"{sim.url}/sim/v1/nodes/{node}/recover")
         n = core.read_node(node)

@@ -7,6 +7,7 @@ import asyncio
 import base64
 import binascii
 import copy
+import hashlib
 import logging
 import os
 import shutil
@@ -53,6 +54,8 @@ VMI = BY_KIND["VirtualMachineInstance"]
 DV = BY_KIND["DataVolume"]
 PVC = BY_KIND["PersistentVolumeClaim"]
 NODE = BY_KIND["Node"]
+PV = BY_KIND["PersistentVolume"]
+VOLUME_ATTACHMENT = BY_KIND["VolumeAttachment"]
 SECRET = BY_KIND["Secret"]
 
 VM_FINALIZER = "kubevirt.io/virtualMachineControllerFinalize"
@@ -608,6 +611,7 @@ class Compute:
                                         "cannot migrate VMI: PVC is not shared, live migration requires that all "
                                         "PVCs must be shared (using ReadWriteMany access mode)"))
         self._write_vmi_status(vmi, status)
+        self.sync_volume_attachments()  # (its disks are attached to its node)
         self.c.events.record(vmi, "Normal", "Started", "VirtualMachineInstance started.", "virt-handler")
         if root is not None and self.c.guest_mode == "qemu":
             if key not in self._booting:
@@ -1102,7 +1106,35 @@ class Compute:
         left = began + grace() - asyncio.get_running_loop().time()
         await guest.stop(max(left, 0.0))
 
+    def sync_volume_attachments(self):
+        """What the attach/detach controller and ceph-csi's external-attacher keep: one
+        VolumeAttachment per CSI volume and node while a machine there holds it (a lost node's
+        until its pod is gone), named as kubernetes pkg/volume/csi/csi_attacher.go names it
+        (csi-<sha256(volume handle, driver, node)>), status.attached once attached."""
+        desired: dict[str, dict] = {}
+        for vmi in self.store.list(VMI):
+            node = field_value(vmi, "status.nodeName")
+            if not node or field_value(vmi, "status.phase") not in ATTACHED:
+                continue
+            for _, claim in claim_names(vmi.get("spec") or {}):
+                pvc = self.store.get(PVC, vmi["metadata"]["namespace"], claim or "")
+                pv = self.store.get(PV, "", field_value(pvc, "spec.volumeName") or "") if pvc else None
+                csi = field_value(pv, "spec.csi") if pv else None
+                if not csi:
+                    continue
+                digest = hashlib.sha256(f"{csi['volumeHandle']}{csi['driver']}{node}".encode()).hexdigest()
+                desired[f"csi-{digest}"] = {"attacher": csi["driver"], "nodeName": node,
+                                            "source": {"persistentVolumeName": pv["metadata"]["name"]}}
+        current = {va["metadata"]["name"] for va in self.store.list(VOLUME_ATTACHMENT)}
+        for name in sorted(set(desired) - current):
+            self.store.create(VOLUME_ATTACHMENT, {"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
+                                                  "metadata": {"name": name}, "spec": desired[name],
+                                                  "status": {"attached": True}})
+        for name in sorted(current - set(desired)):
+            self.store.delete(VOLUME_ATTACHMENT, "", name)
+
     def _release(self, vmi: dict):
+        self.sync_volume_attachments()  # (its disks are detached)
         self.c.release_ip("vmi", vmi["metadata"]["uid"])
         # Capacity and attachments are derived from VMI phases, so waiting VMIs may fit now.
         for other in self.store.list(VMI):

@@ -144,6 +144,11 @@ RESOURCE_TYPES: tuple[ResourceType, ...] = (
     # The Gateway API's CRD (gateway.networking.k8s.io), for the deployment's TLS example.
     ResourceType("gateway.networking.k8s.io", ("v1",), "HTTPRoute", "httproutes", subresources=("status",),
                  columns=(Column("Hostnames", "spec.hostnames"), _AGE)),
+    # The attach/detach controller's record of a CSI volume attached to a node (kubectl's columns).
+    ResourceType("storage.k8s.io", ("v1",), "VolumeAttachment", "volumeattachments", namespaced=False,
+                 subresources=("status",),
+                 columns=(Column("Attacher", "spec.attacher"), Column("PV", "spec.source.persistentVolumeName"),
+                          Column("Node", "spec.nodeName"), Column("Attached", "status.attached", "boolean"), _AGE)),
     ResourceType("storage.k8s.io", ("v1",), "CSIDriver", "csidrivers", namespaced=False,
                  columns=(Column("AttachRequired", "spec.attachRequired", "boolean"),
                           Column("PodInfoOnMount", "spec.podInfoOnMount", "boolean"),
