@@ -653,6 +653,8 @@ class Suite:
     async def offline_restore(self):
         """An offline snapshot, a change after it, the restore: the machine boots as it was, with
         its disks and (on a GPU profile) its GPUs."""
+        # (its own file from before the snapshot: --only storage writes nothing else first)
+        await self.t.guest_json(self.user, self.server, guest.write_files({guest.MARKERS[1]: self.nonce}))
         await self.t.stop(self.user, self.server, self.o.start_timeout)
         name = f"acc-offline-{self.nonce[:6]}"
         snap = await self.snapshot(name)
@@ -752,6 +754,7 @@ class Suite:
         ran_on = (vmi or {}).get("status", {}).get("nodeName")
         if ran_on != node:
             raise AcceptanceError(f"The test workstation runs on {ran_on}, not on {node}: name the node it runs on.")
+        await self.t.guest_json(self.user, self.server, guest.write_files({guest.MARKERS[1]: self.nonce}))
         self.prompt(f"Power {node} off now (or cut it off the network), then fence it as deploy/README.md says "
                     f"(kubectl taint node {node} {OUT_OF_SERVICE}=nodeshutdown:NoExecute). Waiting for both ...")
         began = time.monotonic()

@@ -135,6 +135,7 @@ if {unit!r}:
     as_root("systemctl", "daemon-reload")
     as_root("systemctl", "enable", "--now", "{UNIT}")
 shutil.rmtree(work, ignore_errors=True)
+os.sync()
 print(json.dumps({{"written": True}}))
 '''
 
@@ -166,6 +167,7 @@ def write_files(values: dict[str, str]) -> str:
 owned_dir("/opt/kvs-acceptance")
 for path, text in {_literal(values)}.items():
     put(path, text)
+os.sync()  # (on the disk before a power-off the suite may ask for next)
 print(json.dumps({{"written": True}}))
 '''
 

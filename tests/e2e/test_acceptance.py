@@ -26,7 +26,7 @@ from kubevirt_spawner.acceptance import guest, run_suite
 from kubevirt_spawner.acceptance.experiments import Options, Suite
 from kubevirt_spawner.acceptance.report import FAIL, PASS, SKIP, to_html
 
-from simtools import api_client, apply, service_account_kubeconfig
+from simtools import api_client, apply, service_account_kubeconfig, sim_api
 
 READER = Path(__file__).resolve().parents[2] / "deploy" / "acceptance" / "acceptance-reader.yaml"
 IDLE_TIMEOUT = 40
@@ -78,9 +78,9 @@ def reader_kubeconfig(sim, path: Path) -> str:
     return service_account_kubeconfig(sim, "default", "acceptance", path)
 
 
-def run(hub: Hub, kubeconfig: str | None, suite_class=Suite, **options) -> tuple[dict, str, list, dict]:
+def run(hub: Hub, kubeconfig: str | None, suite_class=Suite, prompt=None, **options) -> tuple[dict, str, list, dict]:
     out = io.StringIO()
-    suite = run_suite(hub.url + "/", hub.settings.admin_token, kubeconfig, Options(**options), out,
+    suite = run_suite(hub.url + "/", hub.settings.admin_token, kubeconfig, Options(**options), out, prompt=prompt,
                       suite_class=suite_class)
     # (on a thread of its own: a test that holds Playwright's sync API has a loop running on this one)
     with concurrent.futures.ThreadPoolExecutor(1) as own:
@@ -197,3 +197,63 @@ def test_each_experiment_fails_when_what_it_checks_is_broken(hub: Hub, tmp_path:
     found, printed, _, _ = run(hub, kubeconfig, TokenOnDisk, user="leak", only=("security",))
     r = found["security/no-cluster-credentials-in-guest"]
     assert r.result == FAIL and "/var/tmp/kvs-leak (holds the hub's API token)" in r.sentence, printed
+
+
+# ------------------------------------------------------------ --destructive: a node lost and fenced
+class SecondAttach(Suite):
+    """After the cold start, the lost node still has the root disk attached (a VolumeAttachment a
+    broken attach/detach controller left), as a node coming back could write through it."""
+
+    sim = None
+    armed = False
+
+    async def vm_and_vmi(self, user=None, server=None):
+        found = await super().vm_and_vmi(user, server)
+        if SecondAttach.armed and found[1] and found[1]["status"].get("nodeName") != LOST:
+            SecondAttach.armed = False
+            claims = await self.cluster.workstation_claims(found[0])
+            pv = next(c["spec"]["volumeName"] for c in claims if c["metadata"]["name"].endswith("-rootdisk"))
+            client.StorageV1Api(api_client(self.sim)).create_volume_attachment({
+                "metadata": {"name": "csi-" + "0" * 64}, "spec": {"attacher": "rbd.csi.ceph.com", "nodeName": LOST,
+                                                                 "source": {"persistentVolumeName": pv}},
+                "status": {"attached": True}})
+        return found
+
+
+LOST, OTHER_CPU_NODE = "vm-cpu-1", "vm-cpu-2"
+
+
+def test_a_lost_and_fenced_node_gives_a_cold_start_elsewhere_and_no_second_attach(hub: Hub, tmp_path: Path):
+    """--destructive --node: the suite asks the admin to power the node off and fence it (here the
+    simulator loses the node and an admin's out-of-service taint follows: kubernetes' non-graceful
+    node shutdown), then sees the workstation start on another node with its disk attached there
+    only (VolumeAttachments, kubernetes pkg/volume/csi/csi_attacher.go); a VolumeAttachment left on
+    the lost node is a FAIL."""
+    kubeconfig = reader_kubeconfig(hub.sim, tmp_path / "reader.kubeconfig")
+    admin = client.CoreV1Api(api_client(hub.sim))
+    told: list[str] = []
+
+    def power_off(text: str):  # what the admin does when the suite asks
+        told.append(text)
+        admin.patch_node(OTHER_CPU_NODE, {"spec": {"unschedulable": None}})
+        sim_api(hub.sim, "POST", f"/nodes/{LOST}/lose")
+        sim_api(hub.sim, "POST", f"/nodes/{LOST}/fence")
+        SecondAttach.armed = suite_class is SecondAttach
+
+    SecondAttach.sim = hub.sim
+    for user, suite_class, expected in (("fenced", Suite, PASS), ("twice", SecondAttach, FAIL)):
+        admin.patch_node(OTHER_CPU_NODE, {"spec": {"unschedulable": True}})  # the test machine lands on LOST
+        try:
+            found, printed, _, _ = run(hub, kubeconfig, suite_class, power_off, user=user, only=("storage",), clones=0,
+                                       destructive=True, node=LOST, fence_timeout=120, bench_mib=4, bench_files=100)
+        finally:
+            admin.patch_node(OTHER_CPU_NODE, {"spec": {"unschedulable": None}})
+            sim_api(hub.sim, "POST", f"/nodes/{LOST}/recover")
+        r = found["storage/node-loss-fenced-cold-start"]
+        assert r.result == expected, printed
+        assert told and told[-1].startswith(f"Power {LOST} off now"), told
+        if expected == PASS:
+            assert r.figures["started on"] == OTHER_CPU_NODE and r.figures["attachments"] and \
+                all(a.endswith(f" on {OTHER_CPU_NODE}") for a in r.figures["attachments"]), r.figures
+        else:
+            assert r.sentence.startswith("A disk is attached to two nodes at once: "), r.sentence
