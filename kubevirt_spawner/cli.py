@@ -96,12 +96,13 @@ def _ssh(args) -> int:
         if not exe:
             raise ssh.ClientError("OpenSSH's ssh is not on the PATH; install openssh-client.")
         alias = ssh.host_alias(user, server)
+        options, remote = ssh.split_ssh_args(list(args.remote))
         command = [exe, "-o", f"ProxyCommand={ssh.proxy_command(login.url, spec, not args.no_start)}",
                    "-o", f"HostKeyAlias={alias}.{ssh.urlsplit(login.url).hostname}",
-                   "-l", ssh.linux_user(user), *args.ssh_args, alias]
+                   "-l", ssh.linux_user(user), *args.ssh_args, *options, alias, *remote]
         # the tunnel (ssh's ProxyCommand) reads the token from the environment, never from its command line
         env = {**os.environ, "JUPYTERHUB_API_TOKEN": login.token, "JUPYTERHUB_URL": login.url}
-        os.execve(exe, command + list(args.command), env)
+        os.execve(exe, command, env)
     return _client(work)
 
 
@@ -182,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     tunnel.set_defaults(func=_tunnel)
     ssh = sub.add_parser("ssh", help="open an SSH session in a workstation through the hub (starts it if stopped)")
     ssh.add_argument("workstation", nargs="?", default=None, help="USER or USER/SERVER (default: your own)")
-    ssh.add_argument("command", nargs="*", default=[], help="after --: what to run there (default: a shell)")
+    ssh.add_argument("remote", nargs="*", default=[], metavar="ssh args",
+                     help="after --: OpenSSH's own options, then what to run there (default: a shell)")
     ssh.add_argument("--no-start", action="store_true", help="refuse a stopped workstation instead of starting it")
     ssh.add_argument("-o", dest="ssh_args", action="append", default=[], type=lambda v: f"-o{v}",
                      help="an OpenSSH option for ssh, e.g. -o ServerAliveInterval=30")
@@ -228,7 +230,16 @@ def main(argv: list[str] | None = None) -> int:
     acc.add_argument("--report", action="append", default=[], metavar="FILE",
                      help="write the report to FILE.json, FILE.html or FILE.md (repeatable)")
     acc.set_defaults(func=_acceptance)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `ssh [USER[/SERVER]] [options] -- ssh args`: what follows -- is OpenSSH's (its options, then
+    # a command), whatever came before it (argparse would have filled that place already).
+    remote: list[str] = []
+    if "--" in argv and "ssh" in argv[:argv.index("--")]:
+        cut = argv.index("--")
+        argv, remote = argv[:cut], argv[cut + 1:]
     args = parser.parse_args(argv)
+    if remote:
+        args.remote = list(getattr(args, "remote", [])) + remote
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command in ("sim", "demo") and args.speed <= 0:
         parser.error("--speed must be positive")

@@ -386,6 +386,26 @@ def proxy_command(url: str, spec: str, start: bool = True) -> str:
     return shlex.join(words).replace("%", "%%")
 
 
+# OpenSSH's options that take a value (ssh.c's getopt string), to tell its options from its command.
+SSH_VALUE_OPTIONS = frozenset("bceilmopBDEFIJLOPQRSWw")
+
+
+def split_ssh_args(args: list[str]) -> tuple[list[str], list[str]]:
+    """What follows `kubevirt-spawner ssh ... --`: OpenSSH's own options, then the command to run
+    there (ssh(1): ssh [options] destination [command]); the host goes between them."""
+    i = 0
+    while i < len(args) and args[i].startswith("-") and args[i] != "-":
+        if args[i] == "--":
+            return args[:i], args[i + 1:]
+        letters = args[i][1:]
+        for j, letter in enumerate(letters):  # (a cluster such as -vvN; a value ends it)
+            if letter in SSH_VALUE_OPTIONS:
+                i += 1 if j == len(letters) - 1 else 0  # (its value is the next word, or the cluster's rest)
+                break
+        i += 1
+    return args[:i], args[i:]
+
+
 def linux_user(hub_user: str) -> str:
     from .guest.launch import linux_name  # the account the golden image's unit makes for the user
     return linux_name(hub_user)

@@ -198,3 +198,17 @@ def test_a_bad_token_a_missing_workstation_and_no_start_are_one_sentence_and_cha
     assert sentence.format(url=fake_hub.url) in err, err
     assert len(err.strip().splitlines()) == 1, err
     assert fake_hub.changes == []
+
+
+@pytest.mark.parametrize("after, options, command", [
+    (["-L", "8888:localhost:8888", "-N"], ["-L", "8888:localhost:8888", "-N"], []),
+    (["ls", "-la"], [], ["ls", "-la"]),
+    (["-v", "-p", "2222", "uptime"], ["-v", "-p", "2222"], ["uptime"]),
+    (["-oBatchMode=yes", "echo", "hi"], ["-oBatchMode=yes"], ["echo", "hi"]),
+    (["-vvL", "1:h:2", "top"], ["-vvL", "1:h:2"], ["top"]),
+    (["-A", "--", "-weird-command"], ["-A"], ["-weird-command"]),
+])
+def test_what_follows_the_double_dash_is_opensshs_options_then_its_command(after, options, command):
+    """`kubevirt-spawner ssh alice -- ssh args`: ssh(1)'s options go before the host, the command
+    after it (OpenSSH's getopt string in ssh.c says which options take a value)."""
+    assert ssh.split_ssh_args(after) == (options, command)

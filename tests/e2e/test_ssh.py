@@ -122,6 +122,12 @@ def test_a_key_from_the_hub_opens_ssh_and_scp_until_it_is_deleted(hub: Hub, tmp_
     down = ssh(config, token, hub, f"kubevirt.{USER}:/home/{USER}/up.txt", str(tmp_path / "down.txt"), program="scp")
     assert down.returncode == 0 and (tmp_path / "down.txt").read_text() == "to the workstation\n", down.stderr
 
+    # `kubevirt-spawner ssh` itself: OpenSSH with the tunnel as its ProxyCommand, what follows -- run there
+    direct = cli("ssh", USER, "-o", "BatchMode=yes", "-o", f"IdentityFile={tmp_path / 'id_ed25519'}", "-o",
+                 "IdentitiesOnly=yes", "--", "-o", "StrictHostKeyChecking=no", "-oUserKnownHostsFile=/dev/null",
+                 "-q", "echo", "hello", "from", "ssh", token=token, hub=hub)
+    assert direct.returncode == 0 and direct.stdout == "hello from ssh\n", (direct.stdout, direct.stderr)
+
     # a reset of the system disk keeps the keys (they are the hub's, not the disk's), and her home
     r = requests.post(f"{hub.url}{SERVICE_API}/workstations/{USER}/reset", json={"confirm": USER},
                       headers={"Authorization": f"token {token}"}, timeout=120)
