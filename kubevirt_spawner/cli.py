@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     acc = sub.add_parser("acceptance", help="run the design document's acceptance experiments against a hub "
                                             "(an admin's token), with a report")
     _add_login_flags(acc)
-    acc.add_argument("--kubeconfig", default=None, help="read access to the cluster (deploy/rbac/acceptance-reader.yaml):"
+    acc.add_argument("--kubeconfig", default=None, help="read access to the cluster (deploy/acceptance/acceptance-reader.yaml):"
                                                         " nodes, pods, the test VMs, claims, volume attachments")
     acc.add_argument("--user", default="kvs-acceptance", help="the test user (made if missing; default kvs-acceptance)")
     acc.add_argument("--profile", default=None, help="the profile of the test workstation (default: the hub's default)")

@@ -66,6 +66,8 @@ def test_a_report_name_without_a_format_is_refused(path):
 @pytest.mark.parametrize("argv, sentence", [
     (["--only", "host,network"], "--only host,network: unknown section network; choose from host, persistence"),
     (["--report", "out.pdf"], "--report out.pdf: name a .json, .html or .md file."),
+    (["--report", "/nonexistent-dir/acceptance.json"], "--report /nonexistent-dir/acceptance.json: cannot write it "
+                                                        "(No such file or directory)."),
     (["--destructive"], "--destructive needs --node NODE"),
     (["--clones", "-1"], "--clones is 0 or more."),
     (["--hub-url", "http://127.0.0.1:9"], "Cannot reach the hub at http://127.0.0.1:9/"),
@@ -78,3 +80,8 @@ def test_bad_input_is_one_sentence_and_status_2(argv, sentence, capsys, monkeypa
     err = capsys.readouterr().err
     assert err.startswith("kubevirt-spawner acceptance: ") and sentence in err and "Traceback" not in err, err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_printed_line_carries_no_terminal_escapes_from_a_guest():
+    line = Record("persistence", "files-kept", FAIL, "Lost: \x1b[2J\x1b]0;owned\x07 gone\nnext").line()
+    assert "\x1b" not in line and "\n" not in line and line.startswith("FAIL persistence/files-kept: Lost: ")

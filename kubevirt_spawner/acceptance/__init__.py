@@ -1,7 +1,7 @@
 """`kubevirt-spawner acceptance`: the design document's production acceptance experiments (section
 13), run against a hub, on the simulator in CI and unchanged on a real cluster. Public interfaces
 only: JupyterHub's REST API, the workstation's Jupyter through the hub, the workstations service,
-and, with a kubeconfig, read access to the cluster (deploy/rbac/acceptance-reader.yaml)."""
+and, with a kubeconfig, read access to the cluster (deploy/acceptance/acceptance-reader.yaml)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,11 @@ def check_reports(paths: list[str]) -> None:
     for path in paths:
         if not path.lower().endswith(REPORT_FORMATS):
             raise ValueError(f"--report {path}: name a .json, .html or .md file.")
+        try:
+            with open(path, "a", encoding="utf-8"):
+                pass
+        except OSError as err:
+            raise ValueError(f"--report {path}: cannot write it ({err.strerror}).") from None
 
 
 async def run_suite(url: str, token: str, kubeconfig: str | None, options: Options, out: TextIO = sys.stdout,

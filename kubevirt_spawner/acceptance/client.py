@@ -99,12 +99,14 @@ class Target:
                                           f"{event.get('message') or 'the hub gave no reason'}")
                 if event.get("ready"):
                     break
-        except ClientError as err:
-            raise AcceptanceError(str(err)) from None
+        except ClientError:
+            pass  # (the progress stream has its own bound: the hub's view is polled on below)
         while True:
             model = await self.server_model(user, server)
             if model and model.get("ready"):
                 return time.monotonic() - began
+            if model is None:  # (neither ready nor pending: the start ended without a server)
+                raise AcceptanceError(f"{workstation_name(user, server)} did not start; see the hub's page for why.")
             if time.monotonic() - began > timeout:
                 raise AcceptanceError(f"{workstation_name(user, server)} was not ready within {timeout:.0f} s.")
             await asyncio.sleep(1)

@@ -1,4 +1,4 @@
-"""The cluster as a kubeconfig with read access shows it (deploy/rbac/acceptance-reader.yaml lists
+"""The cluster as a kubeconfig with read access shows it (deploy/acceptance/acceptance-reader.yaml lists
 what the suite reads): nodes, pods, the test workstations' VMs, VMIs and claims. Blocking client
 calls run on threads; objects come back as the API's JSON (dicts)."""
 
@@ -36,7 +36,7 @@ class Cluster:
                 return None
             raise AcceptanceError(f"The cluster refused to show {getattr(fn, '__name__', 'an object')} "
                                   f"({err.status} {err.reason}); the kubeconfig needs the reads "
-                                  "deploy/rbac/acceptance-reader.yaml grants.") from None
+                                  "deploy/acceptance/acceptance-reader.yaml grants.") from None
         except OSError as err:
             raise AcceptanceError(f"The cluster's API server does not answer ({err}).") from None
         return result if isinstance(result, dict) else self.api.sanitize_for_serialization(result)

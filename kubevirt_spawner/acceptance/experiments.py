@@ -20,6 +20,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, TextIO
 
+import aiohttp
+
+from ..ssh import ClientError
 from . import guest
 from .client import AcceptanceError, GuestError, NamedServersOff, Target, workstation_name
 from .cluster import Cluster, free_on
@@ -106,6 +109,12 @@ class Suite:
             result, sentence, figures = FAIL, f"Code in the workstation failed: {err}", {}
         except AcceptanceError as err:
             result, sentence, figures = FAIL, str(err), {}
+        except (ClientError, aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
+            result, sentence, figures = FAIL, f"The hub or the workstation did not answer ({type(err).__name__}: " \
+                                              f"{str(err)[:200]}).", {}
+        except Exception as err:  # (the cluster client's own errors, an answer of an unexpected shape)
+            result, sentence, figures = FAIL, f"The experiment could not finish: {type(err).__name__}: " \
+                                              f"{str(err)[:200]}.", {}
         record = Record(section, name, result, sentence, figures, round(time.monotonic() - began, 1))
         self.records.append(record)
         print(record.line(), file=self.out, flush=True)
@@ -287,7 +296,10 @@ class Suite:
         try:
             seconds = await self.t.start(self.user, self.server, self.o.profile, self.o.start_timeout)
         except NamedServersOff:
-            self.server = ""  # (the hub has no named servers: the test user's default server)
+            if self.user not in self.made.users:
+                raise AcceptanceError(f"The hub has no named servers and {self.user} was not made by this run: the "
+                                      "suite will not use a user's own workstation; name a new --user.") from None
+            self.server = ""  # (the hub has no named servers: the new test user's default server)
             seconds = await self.t.start(self.user, self.server, self.o.profile, self.o.start_timeout)
         finally:
             if (self.user, self.server) not in self.made.servers:
@@ -300,12 +312,25 @@ class Suite:
         real = not self.facts.get("simulated")
         package = real and bool(self.facts.get("dpkg") and self.facts.get("sudo"))
         unit = real and bool(self.facts.get("systemd") and self.facts.get("sudo"))
-        await self.t.guest_json(self.user, self.server, guest.write_state(self.nonce, package, unit))
-        self.written = {"package": package, "unit": unit}
-        await self.experiment("persistence", "stop-releases-compute-keeps-disks", self.stop_releases)
-        seconds = await self.t.start(self.user, self.server, self.o.profile, self.o.start_timeout)
-        state = await self.t.guest_json(self.user, self.server, guest.read_state(package, unit))
-        await self.experiment("persistence", "files-kept", lambda: self.files_kept(state, seconds))
+        state: dict = {}
+        seconds = 0.0
+
+        async def written_then_stopped():
+            await self.t.guest_json(self.user, self.server, guest.write_state(self.nonce, package, unit))
+            self.written = {"package": package, "unit": unit}
+            return await self.stop_releases()
+        stop = await self.experiment("persistence", "stop-releases-compute-keeps-disks", written_then_stopped)
+        if not self.written:
+            self.skipped("persistence", ["files-kept", "pip-package-kept", "system-package-kept", "systemd-unit-kept"],
+                         f"Nothing was written before the stop: {stop.sentence}")
+            return
+
+        async def started_and_read():
+            nonlocal state, seconds
+            seconds = await self.t.start(self.user, self.server, self.o.profile, self.o.start_timeout)
+            state = await self.t.guest_json(self.user, self.server, guest.read_state(package, unit))
+            return await self.files_kept(state, seconds)
+        await self.experiment("persistence", "files-kept", started_and_read)
         await self.experiment("persistence", "pip-package-kept", lambda: self.pip_kept(state))
         await self.experiment("persistence", "system-package-kept", lambda: self.package_kept(state))
         await self.experiment("persistence", "systemd-unit-kept", lambda: self.unit_kept(state))
@@ -318,7 +343,10 @@ class Suite:
             vm, vmi = await self.vm_and_vmi()
             node = (vmi or {}).get("status", {}).get("nodeName")
             uid = (vmi or {}).get("metadata", {}).get("uid")
-            before = {"node": node, "uid": uid, "free": await self.free_on(node) if node else {}}
+            if not node or not uid:
+                raise AcceptanceError("The workstation had no VirtualMachineInstance on a node before the stop: "
+                                      "nothing to see released.")
+            before = {"node": node, "uid": uid, "free": await self.free_on(node)}
         seconds = await self.t.stop(self.user, self.server, self.o.start_timeout)
         figures: dict[str, Any] = {"stop seconds": round(seconds, 1)}
         if not self.has_cluster:
@@ -499,6 +527,12 @@ class Suite:
         except (aiohttp.ClientError, asyncio.TimeoutError) as err:
             answers["ssh tunnel"] = f"no connection ({type(err).__name__})"
         after = (await self.t.service("GET", path + "/snapshots"))[1].get("snapshots") or []
+        owner = await self.t.token_for(self.user, "kubevirt-spawner acceptance: the owner", 3600)
+        controls = {"jupyter": (await self.t.as_user(owner, "GET", url + "api/contents"))[0],
+                    "service view": (await self.t.service("GET", path, token=owner))[0]}
+        if any(v != 200 for v in controls.values()):
+            return FAIL, f"The owner's own token was not let in either ({controls}): the refusals show nothing.", \
+                {**answers, **{f"owner {k}": v for k, v in controls.items()}}
         let_in = [k for k, v in answers.items() if isinstance(v, int) and (200 <= v < 300 or v == 101)]
         still = (await self.t.server_model(self.user, self.server) or {}).get("ready")
         if let_in:
@@ -530,8 +564,10 @@ class Suite:
         figures = {"address": f"{ip}:8888", "answer": answer}
         if isinstance(answer, int) and 200 <= answer < 300:
             return FAIL, f"The VMI's own address {ip}:8888 served the workstation's files without a token.", figures
-        how = f"answered {answer}" if isinstance(answer, int) else "could not be reached from here"
-        return PASS, f"The VMI's own address {how} without a token.", figures
+        if not isinstance(answer, int):
+            raise Skip(f"The VMI's address {ip}:8888 cannot be reached from here ({answer}); run the suite from "
+                       "inside the cluster's network to see it refuse.")
+        return PASS, f"The VMI's own address answered {answer} without a token.", figures
 
     async def no_credentials(self):
         found = await self.t.guest_json(self.user, self.server, guest.credentials_scan(), timeout=900)
@@ -697,7 +733,14 @@ class Suite:
     async def disk_grows(self):
         if not self.o.grow_profile:
             raise Skip("Give --grow-profile SLUG (a profile with a larger root disk) to see a disk grow.")
-        before = ((await self.t.status(self.user, self.server)).get("disks") or {}).get("root") or {}
+        deadline = time.monotonic() + 300
+        while True:  # (the guest agent reports the filesystem a little after a boot)
+            before = ((await self.t.status(self.user, self.server)).get("disks") or {}).get("root") or {}
+            if (before.get("live") and before.get("total_bytes")) or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(3)
+        if not before.get("total_bytes"):
+            raise AcceptanceError("The guest agent reports no root filesystem size to grow from.")
         await self.t.stop(self.user, self.server, self.o.start_timeout)
         await self.t.start(self.user, self.server, self.o.grow_profile, self.o.start_timeout)
         self.o.profile = self.o.grow_profile  # the rest of the suite starts it so

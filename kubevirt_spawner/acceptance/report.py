@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from ..names import printable
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 # The design document's section 13, in its order.
@@ -31,9 +34,10 @@ class Record:
     duration: float = 0.0  # seconds
 
     def line(self) -> str:
-        """What the suite prints as the experiment ends."""
+        """What the suite prints as the experiment ends (a terminal's control characters dropped)."""
         figures = ", ".join(f"{k} {_figure(v)}" for k, v in self.figures.items())
-        return f"{self.result} {self.section}/{self.name}: {self.sentence}" + (f" [{figures}]" if figures else "")
+        text = f"{self.result} {self.section}/{self.name}: {self.sentence}" + (f" [{figures}]" if figures else "")
+        return printable(text)
 
 
 def _figure(value: Any) -> str:
@@ -66,8 +70,9 @@ def _by_section(records: list[Record]) -> list[tuple[str, list[Record]]]:
 
 
 def to_markdown(records: list[Record], meta: dict) -> str:
-    def cell(text: Any) -> str:  # (a table cell: no line breaks, no pipes, no markup from a guest)
-        return html.escape(" ".join(str(text).split())).replace("|", "&#124;")
+    def cell(text: Any) -> str:  # (a table cell: no line breaks, no pipes, no markup or links from a guest)
+        escaped = html.escape(" ".join(printable(str(text)).split()))
+        return re.sub(r"([\\`*_\[\]()!#<>~|])", r"\\\1", escaped)
 
     c = counts(records)
     lines = [f"# Acceptance of {cell(meta.get('hub_url', 'a hub'))}", "",
