@@ -191,6 +191,10 @@ async def test_poll_reads_the_cache_only_and_waits_for_it_after_a_restart(env, w
     finally:
         sim_api(wsim, "DELETE", "/faults/api")
     assert await asyncio.wait_for(poll, 30) is None
+    # Every reflector lists again after the fault, each after its own backoff (other namespaces'
+    # too): that is background, not poll, so the count starts once all have.
+    hub_caches = spawner_module._shared[next(iter(spawner_module._shared))]["caches"]
+    await hub_caches.wait_synced(60)
 
     before = counts(wsim)
     for _ in range(50):
@@ -204,7 +208,6 @@ async def test_poll_reads_the_cache_only_and_waits_for_it_after_a_restart(env, w
     assert spawner2.get_state()["workstation"] == ws.ident.to_state()
 
     await ws.stop()
-    hub_caches = spawner_module._shared[next(iter(spawner_module._shared))]["caches"]
     await hub_caches.wait_for(lambda: hub_caches.vmis.get(ws.ident.namespace, ws.ident.vm) is None, 10)
     assert await spawner.poll() == 0
     for shared in spawner_module._shared.values():

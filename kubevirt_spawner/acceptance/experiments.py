@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, TextIO
+from urllib.parse import quote
 
 import aiohttp
 
@@ -839,36 +840,47 @@ class Suite:
     # ------------------------------------------------------------ the end
     async def clean_up(self):
         """Stop and delete what the suite made; its kept disks are purged where their retention
-        allows, else listed (a disk is never deleted before its retention ends)."""
+        allows, else listed (a disk is never deleted before its retention ends). Each step on its
+        own: one that fails is listed, and the rest still go."""
+        left: list[str] = []
+
+        async def step(what: str, work) -> Any:
+            try:
+                return await work
+            except Exception as err:  # (the clean-up goes on; what is left is said at the end)
+                left.append(f"{what} ({type(err).__name__}: {str(err)[:120]})")
+                return None
+
         for user, name, snap in self.made.snapshots:
             path = self.t.workstation_path(user, name) + f"/snapshots/{snap}"
-            with contextlib.suppress(AcceptanceError):
-                await self.t.service("DELETE", path)
+            await step(f"snapshot {snap} of {workstation_name(user, name)}", self.t.service("DELETE", path))
         for user, server in self.made.servers:
-            with contextlib.suppress(AcceptanceError):
-                await self.t.stop(user, server, self.o.start_timeout)
+            await step(f"stopping {workstation_name(user, server)}", self.t.stop(user, server, self.o.start_timeout))
             if server:
-                with contextlib.suppress(AcceptanceError):
-                    await self.t.delete_server(user, server)
+                await step(f"deleting {workstation_name(user, server)}", self.t.delete_server(user, server))
         for user in self.made.users:
-            await self.t.api("DELETE", f"users/{user}")
+            await step(f"deleting the user {user}", self.t.api("DELETE", f"users/{quote(user, safe='')}"))
         kept = []
         for user, server in self.made.servers:
+            retained = None
             for _ in range(30):  # (the spawner marks them retained as the server or user goes)
-                retained = await self.retained(user, server)
-                if retained:
+                retained = await step(f"the kept disks of {workstation_name(user, server)}", self.retained(user, server))
+                if retained or retained is None:
                     break
                 await asyncio.sleep(2)
             if not retained:
                 continue
-            status, data = await self.t.service("POST", self.t.workstation_path(user, server) + "/purge",
-                                                {"confirm": user})
-            if status != 200:
+            answer = await step(f"purging {workstation_name(user, server)}",
+                                self.t.service("POST", self.t.workstation_path(user, server) + "/purge",
+                                               {"confirm": user}))
+            if not answer or answer[0] != 200:
                 kept.append(f"{workstation_name(user, server)} until "
                             f"{max(r.get('retain_until') or '?' for r in retained)}")
         if kept:
             print(f"Kept (retention): the disks of {', '.join(kept)}; purge them then from the admin page.",
                   file=self.out, flush=True)
+        if left:
+            print(f"Not cleaned up: {'; '.join(left)}.", file=self.out, flush=True)
 
 
 def _said(data: Any) -> str:

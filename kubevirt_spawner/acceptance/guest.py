@@ -203,9 +203,14 @@ SKIP = {"proc", "sys", "dev", "run", "var/run", "var/cache", "var/lib/apt", "usr
         "lib", "lib64", "bin", "sbin", "usr/bin", "usr/sbin", "boot", "snap", "lost+found"}
 MARKERS = (b"client-certificate-data:", b"client-key-data:")
 scanned = 0
+# the machine's own disks only (the system disk, the workspace at /home): not shared data or
+# another disk mounted in, whose files are not this machine's to read
+own = {os.stat(root).st_dev} | ({os.stat(os.path.join(root, "home")).st_dev}
+                                if os.path.isdir(os.path.join(root, "home")) else set())
 for top, dirs, files in os.walk(root):
     rel = os.path.relpath(top, root)
-    dirs[:] = [d for d in dirs if (d if rel == "." else rel + "/" + d) not in SKIP]
+    dirs[:] = [d for d in dirs if (d if rel == "." else rel + "/" + d) not in SKIP
+               and os.lstat(os.path.join(top, d)).st_dev in own]
     for name in files:
         path = os.path.join(top, name)
         try:
