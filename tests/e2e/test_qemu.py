@@ -415,6 +415,7 @@ def test_the_acceptance_suite_keeps_its_promises_on_a_real_machine(hub: Hub, clu
     Upstream: systemd's systemctl(1) enable --now, dpkg-deb(1)/dpkg(1), kubevirt
     pkg/virt-controller/services/template.go (the launcher pod's requests, freed at the stop)."""
     import asyncio
+    import concurrent.futures
     import io
 
     from test_acceptance import reader_kubeconfig
@@ -427,9 +428,12 @@ def test_the_acceptance_suite_keeps_its_promises_on_a_real_machine(hub: Hub, clu
             hub.stop_server(user, timeout=GRACE + 60)
     kubeconfig = reader_kubeconfig(cluster.sim, tmp_path / "reader.kubeconfig")
     out = io.StringIO()
-    records, _ = asyncio.run(run_suite(hub.url + "/", hub.settings.admin_token, kubeconfig,
-                                       Options(user="carol", only=("persistence", "security"), idle_wait=0,
-                                               start_timeout=BOOT_TIMEOUT, release_wait=GRACE + 60), out))
+    suite = run_suite(hub.url + "/", hub.settings.admin_token, kubeconfig,
+                      Options(user="carol", only=("persistence", "security"), idle_wait=0,
+                              start_timeout=BOOT_TIMEOUT, release_wait=GRACE + 60), out)
+    # (on a thread of its own: the module's browser holds Playwright's sync API, whose loop runs on this one)
+    with concurrent.futures.ThreadPoolExecutor(1) as own:
+        records, _ = own.submit(asyncio.run, suite).result()
     outcome = {f"{r.section}/{r.name}": r.result for r in records}
     assert outcome == {
         "persistence/first-start": "PASS", "persistence/stop-releases-compute-keeps-disks": "PASS",
