@@ -437,9 +437,15 @@ async def test_a_failing_callable_or_stale_saved_options_are_a_sentence_not_a_tr
     c = Config()
     c.KubeVirtSpawner.profile_list = [{"display_name": "A", "kubevirt_override": {"cpu_limit": lambda s: 1 / 0}}]
     spawner = KubeVirtSpawner(config=c, user=user("ann"))
-    with pytest.raises(WorkstationError, match="The profile 'a' could not work out its cpu_limit. Tell your "
-                                               "administrator; the hub's log has the error.") as caught:
-        await spawner._spec_for(await spawner._selection({}))
+    # (the log is the hub's: once any module made a JupyterHub app, traitlets hands out its logger,
+    # which does not propagate to the root logger caplog listens on)
+    spawner.log.addHandler(caplog.handler)
+    try:
+        with pytest.raises(WorkstationError, match="The profile 'a' could not work out its cpu_limit. Tell your "
+                                                   "administrator; the hub's log has the error.") as caught:
+            await spawner._spec_for(await spawner._selection({}))
+    finally:
+        spawner.log.removeHandler(caplog.handler)
     assert caught.value.reason == "profile" and "ZeroDivisionError" in caplog.text
 
     def broken(spawner):
