@@ -1685,3 +1685,16 @@ async def test_a_new_namespace_gets_the_admins_labels_and_annotations(env):
     assert made["metadata"]["labels"]["app.kubernetes.io/managed-by"] == m.MANAGED_BY
     assert made["metadata"]["annotations"]["example.com/owner"] == "nadia@example.com"
     await ws.stop()
+
+
+def test_the_workstation_log_names_the_workstation_in_the_line_and_on_the_record(caplog):
+    """Every line starts with the workstation; the record carries it too (`record.workstation`),
+    for a handler that ships structured logs, beside what a caller adds; a user's text is escaped."""
+    from kubevirt_spawner.workstation import WorkstationLog
+    log = WorkstationLog(LOG, "notebook-ann/ann-workstation")
+    with caplog.at_level(logging.INFO, logger=LOG.name):
+        log.info("snapshot %s taken", "evil\nline", extra={"operation": "snapshot"})
+    [record] = [r for r in caplog.records if r.name == LOG.name]
+    assert record.getMessage().startswith("notebook-ann/ann-workstation: snapshot ")
+    assert "\n" not in record.getMessage()
+    assert record.workstation == "notebook-ann/ann-workstation" and record.operation == "snapshot"
