@@ -73,7 +73,7 @@ class WorkstationLog(logging.LoggerAdapter):
 
     def process(self, msg, kwargs):
         # (and the record carries it, for a handler that formats or ships it: a JSON log)
-        kwargs["extra"] = {**self.extra, **(kwargs.get("extra") or {})}
+        kwargs["extra"] = {**(self.extra or {}), **(kwargs.get("extra") or {})}
         return f"{self.workstation}: {msg}", kwargs
 
     def log(self, level, msg, *args, **kwargs):
