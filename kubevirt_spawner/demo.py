@@ -5,6 +5,7 @@ The same pieces start the end-to-end tests, so what the tests check is what the 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import secrets
@@ -45,6 +46,18 @@ def find_proxy() -> str:
         return found
     raise DemoError("configurable-http-proxy is not installed: run `npm ci` in the source checkout "
                     "(or `npm install -g configurable-http-proxy`)")
+
+
+# What the demo's workstations run (its process guests are Jupyter servers on this machine): the
+# [demo] extra brings them; the hub's own install does not.
+GUEST_MODULES = ("jupyterlab", "ipykernel")
+
+
+def check_guest_software() -> None:
+    missing = [name for name in GUEST_MODULES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise DemoError(f"the demo's workstations run JupyterLab, and {' and '.join(missing)} "
+                        f"{'is' if len(missing) == 1 else 'are'} not installed: pip install 'kubevirt-spawner[demo]'")
 
 
 def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None, what: str = "server",
@@ -154,6 +167,12 @@ def run(state_dir: str, port: int = 8000, speed: float = 5.0) -> int:
     """`kubevirt-spawner demo`: run everything until Ctrl-C, then stop everything it started."""
     from .sim import SimulatorThread  # the demo is the only place outside tests that embeds the simulator
 
+    try:  # (before anything starts or is written)
+        check_guest_software()
+        find_proxy()
+    except DemoError as exc:
+        print(f"kubevirt-spawner demo: {exc}", file=sys.stderr)
+        return 2
     state = Path(state_dir).resolve()
     state.mkdir(parents=True, exist_ok=True)
     logs = state / "logs"
@@ -167,7 +186,8 @@ def run(state_dir: str, port: int = 8000, speed: float = 5.0) -> int:
     signal.signal(signal.SIGTERM, interrupt)
     signal.signal(signal.SIGINT, interrupt)  # also when started in the background, where SIGINT is ignored
     try:
-        sim = SimulatorThread(str(state / "cluster"), speed=speed).start()
+        # (its nodes in the workstation pools, as deploy/README.md has a platform team put them)
+        sim = SimulatorThread(str(state / "cluster"), speed=speed, node_pools=True).start()
         settings = HubSettings.create(state, sim.kubeconfig, port)
         proxy = start_proxy(settings, logs / "proxy.log")
         hub = start_hub(settings, logs / "hub.log")

@@ -85,3 +85,19 @@ def test_sim_command_refuses_qemu_guests_without_a_golden_image_and_an_image_for
     res = subprocess.run([*cli, "--golden-image", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "--golden-image is for --guests qemu" in res.stderr
     assert not (tmp_path / "state" / "objects.json").exists()
+
+
+def test_the_demo_without_jupyterlab_names_the_extra_and_starts_nothing(tmp_path, monkeypatch, capsys):
+    """`pip install kubevirt-spawner` alone has no JupyterLab (it is in the [guest] and [demo]
+    extras): a demo started so would land its users on a 404, so it refuses first."""
+    import importlib.util
+
+    from kubevirt_spawner.cli import main
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "jupyterlab" else real(name, *a))
+    state = tmp_path / "demo"
+    assert main(["demo", "--state", str(state)]) == 2
+    said = capsys.readouterr().err
+    assert said == ("kubevirt-spawner demo: the demo's workstations run JupyterLab, and jupyterlab is not installed: "
+                    "pip install 'kubevirt-spawner[demo]'\n")
+    assert not state.exists()

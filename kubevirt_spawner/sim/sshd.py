@@ -76,7 +76,7 @@ async def start(ip: str, root: str, account: str, home: str | None = None, keys_
     home/ACCOUNT on the machine), or None without asyncssh (the guest then has no sshd).
     `keys_access`: the keys command's access file (no keys from the service without one)."""
     if not available():
-        log.warning("process guests have no sshd: install asyncssh (pip install kubevirt-spawner[test])")
+        log.warning("process guests have no sshd: install asyncssh (pip install 'kubevirt-spawner[demo]')")
         return None
     import asyncssh
 
