@@ -18,7 +18,7 @@ def _sim(args) -> int:
     try:
         asyncio.run(serve_forever(args.state, args.port, speed=args.speed, schemas_dir=args.schemas,
                                   guest_mode=args.guests, guest_command=args.guest_command or None,
-                                  golden_image=args.golden_image))
+                                  golden_image=args.golden_image, node_pools=args.node_pools))
     except (SchemaError, ValueError) as exc:
         print(f"kubevirt-spawner sim: {exc}", file=sys.stderr)
         return 2
@@ -161,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
                      help="with --guests qemu: the directory deploy/golden-image/build.sh made (its disk fills "
                           "the golden PVC, its kernel boots the machines)")
     sim.add_argument("--guest-command", nargs="*", help="command each guest runs instead of Jupyter")
+    sim.add_argument("--node-pools", action="store_true",
+                     help="start the CPU nodes in the workstation pool, labelled and tainted as "
+                          "deploy/host/label-nodes.sh leaves them (as the demo does)")
     sim.set_defaults(func=_sim)
     demo = sub.add_parser("demo", help="run the local demo: simulator, proxy and JupyterHub")
     demo.add_argument("--state", required=True, help="directory for the demo's cluster, hub database and logs")

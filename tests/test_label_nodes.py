@@ -83,3 +83,33 @@ def test_bad_usage_and_unknown_nodes_change_nothing(kubectl_env):
         "kubectl label node vm-cpu-1 accelerator.example.com/mode=vfio --overwrite",
         "kubectl taint node vm-cpu-1 workload.example.com/kubevirt=true:NoSchedule --overwrite",
         "kubectl uncordon vm-cpu-1"]
+
+
+def test_the_demos_cluster_starts_with_its_cpu_nodes_as_the_script_leaves_them(tmp_path):
+    """`node_pools` (the demo's cluster, `kubevirt-spawner sim --node-pools`): vm-cpu-1 and -2 carry
+    the pool's label and taint already, so label-nodes.sh changes nothing on them; a restart on the
+    same state adds no second taint."""
+    from simtools import start_sim
+    s = start_sim(tmp_path / "cluster", node_pools=True)
+    env = {**os.environ, "KUBECONFIG": s.kubeconfig}
+    try:
+        before = {name: node(env, name) for name in ("vm-cpu-1", "vm-cpu-2")}
+        for n in before.values():
+            assert n["metadata"]["labels"]["workload.example.com/kubevirt"] == "true"
+            assert "accelerator.example.com/mode" not in n["metadata"]["labels"]
+            assert n["spec"]["taints"] == [{"key": "workload.example.com/kubevirt", "value": "true",
+                                            "effect": "NoSchedule"}]
+        done = label_nodes(env, "--pool", "vm-cpu", "vm-cpu-1", "vm-cpu-2")
+        assert done.returncode == 0, done.stderr
+        for name, n in before.items():
+            after = node(env, name)
+            assert (after["metadata"]["labels"], after["spec"]["taints"]) == \
+                (n["metadata"]["labels"], n["spec"]["taints"])
+    finally:
+        s.stop()
+    again = start_sim(tmp_path / "cluster", node_pools=True)
+    try:
+        assert node({**os.environ, "KUBECONFIG": again.kubeconfig}, "vm-cpu-1")["spec"]["taints"] == \
+            before["vm-cpu-1"]["spec"]["taints"]
+    finally:
+        again.stop()

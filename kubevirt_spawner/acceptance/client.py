@@ -64,12 +64,18 @@ class Target:
             return False
         raise AcceptanceError(f"The hub did not make the test user {name} ({status}): {_message(data)}")
 
-    async def token_for(self, user: str, note: str, expires_in: int = 3600) -> str:
+    async def token_for(self, user: str, note: str, expires_in: int = 3600) -> tuple[str, str]:
+        """A new API token of `user`: (the token, its id, with which `revoke_token` removes it)."""
         status, data = await self.api("POST", f"users/{quote(user, safe='')}/tokens",
                                       {"note": note, "expires_in": expires_in})
         if status != 201 or not isinstance(data, dict) or not data.get("token"):
             raise AcceptanceError(f"The hub did not give {user} a token ({status}): {_message(data)}")
-        return data["token"]
+        return data["token"], str(data.get("id") or "")
+
+    async def revoke_token(self, user: str, token_id: str) -> None:
+        status, data = await self.api("DELETE", f"users/{quote(user, safe='')}/tokens/{quote(token_id, safe='')}")
+        if status not in (204, 404):  # (404: gone already, with its user)
+            raise AcceptanceError(f"The hub did not revoke {user}'s token {token_id} ({status}): {_message(data)}")
 
     async def server_model(self, user: str, server: str) -> dict | None:
         status, data = await self.api("GET", f"users/{quote(user, safe='')}?include_stopped_servers=1")
@@ -157,12 +163,19 @@ class Target:
                                   f"({status}): {_message(data)}")
         return data
 
-    async def wait_operation(self, user: str, server: str, kind: str, timeout: float) -> dict:
-        """Wait until the workstation's operation `kind` (a restore, a reset) has ended: its record."""
+    async def wait_operation(self, user: str, server: str, begun: dict, timeout: float) -> dict:
+        """Wait until the operation the service began (`begun`: its 202 answer, a restore or a
+        reset) has ended: its record. An earlier operation's record, still on the VM, is not it."""
+        kind = begun.get("kind")
+
+        def same(op: dict) -> bool:
+            if begun.get("id"):
+                return op.get("id") == begun["id"]
+            return op.get("kind") == kind and op.get("started") == begun.get("started")
         deadline = time.monotonic() + timeout
         while True:
             op = (await self.status(user, server)).get("operation") or {}
-            if op.get("kind") == kind and op.get("state") != "running":
+            if same(op) and op.get("state") != "running":
                 return op
             if time.monotonic() > deadline:
                 raise AcceptanceError(f"The {kind} of {workstation_name(user, server)} did not end within "

@@ -17,7 +17,6 @@ import secrets
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any, Callable, TextIO
 from urllib.parse import quote
 
@@ -63,6 +62,7 @@ class Made:
     users: list[str] = field(default_factory=list)
     servers: list[tuple[str, str]] = field(default_factory=list)
     snapshots: list[tuple[str, str, str]] = field(default_factory=list)
+    tokens: dict[str, tuple[str, str]] = field(default_factory=dict)  # user: (token, its id)
 
 
 class Suite:
@@ -93,6 +93,12 @@ class Suite:
     @property
     def name(self) -> str:
         return workstation_name(self.user, self.server)
+
+    async def token_of(self, user: str) -> str:
+        """A token of `user` for the suite's requests as that user: made once, revoked at the end."""
+        if user not in self.made.tokens:
+            self.made.tokens[user] = await self.t.token_for(user, "kubevirt-spawner acceptance", 3600)
+        return self.made.tokens[user][0]
 
     def wants(self, section: str) -> bool:
         return not self.o.only or section in self.o.only
@@ -132,6 +138,8 @@ class Suite:
         if not (me.get("admin") or "admin:users" in (me.get("scopes") or []) or "admin:servers" in (me.get("scopes") or [])):
             raise AcceptanceError("The suite makes its own test user and workstations: give a token of a hub admin "
                                   "(admin:users and admin:servers).")
+        if self.o.destructive and self.wants("storage"):
+            await self.check_node_to_lose()
         if self.wants("host"):
             await self.host_checks()
         sections = [s for s in ("persistence", "storage", "security") if self.wants(s)]
@@ -160,6 +168,22 @@ class Suite:
         finally:
             await self.clean_up()
         return self.records
+
+    async def check_node_to_lose(self):
+        """--destructive --node: a node that is there, Ready and in the workstation pool, checked
+        before anything is made (not after half an hour of experiments)."""
+        if not self.has_cluster:
+            raise AcceptanceError("--destructive needs --kubeconfig: the suite watches the node go and the disks "
+                                  "attach elsewhere.")
+        node = next((n for n in await self.cluster.nodes() if n["metadata"]["name"] == self.o.node), None)
+        if node is None:
+            raise AcceptanceError(f"--node {self.o.node}: the cluster has no such node.")
+        if (node["metadata"].get("labels") or {}).get(self.o.pool_label) != "true":
+            raise AcceptanceError(f"--node {self.o.node} is not in the workstation pool ({self.o.pool_label}=true): "
+                                  "no workstation runs there to lose.")
+        if not any(c.get("type") == "Ready" and c.get("status") == "True"
+                   for c in (node.get("status") or {}).get("conditions") or []):
+            raise AcceptanceError(f"--node {self.o.node} is not Ready now: bring it back before the suite loses it.")
 
     # ------------------------------------------------------------ host and scheduling
     async def host_checks(self):
@@ -441,7 +465,7 @@ class Suite:
                                             {"confirm": self.name})
         if status != 202:
             return FAIL, f"The service refused the reset ({status}): {_said(data)}", {}
-        op = await self.t.wait_operation(self.user, self.server, "reset", self.o.start_timeout)
+        op = await self.t.wait_operation(self.user, self.server, data, self.o.start_timeout)
         if op.get("state") != "done":
             return FAIL, f"The reset did not finish: {op.get('error') or op.get('description')}", {}
         if not (await self.t.server_model(self.user, self.server) or {}).get("ready"):
@@ -498,7 +522,7 @@ class Suite:
         other = f"{self.user}-other"
         if await self.t.ensure_user(other):
             self.made.users.append(other)
-        token = await self.t.token_for(other, "kubevirt-spawner acceptance: another user", 3600)
+        token = await self.token_of(other)
         await self.experiment("security", "other-users-are-refused", lambda: self.other_user_refused(token))
         await self.experiment("security", "vmi-address-refuses-without-token", self.vmi_address_refuses)
         await self.experiment("security", "no-cluster-credentials-in-guest", self.no_credentials)
@@ -528,7 +552,7 @@ class Suite:
         except (aiohttp.ClientError, asyncio.TimeoutError) as err:
             answers["ssh tunnel"] = f"no connection ({type(err).__name__})"
         after = (await self.t.service("GET", path + "/snapshots"))[1].get("snapshots") or []
-        owner = await self.t.token_for(self.user, "kubevirt-spawner acceptance: the owner", 3600)
+        owner = await self.token_of(self.user)
         controls = {"jupyter": (await self.t.as_user(owner, "GET", url + "api/contents"))[0],
                     "service view": (await self.t.service("GET", path, token=owner))[0]}
         if any(v != 200 for v in controls.values()):
@@ -586,7 +610,7 @@ class Suite:
     async def visible_to_user(self):
         """What the user sees in the Lab panel (the service's status, with the user's own token):
         disk usage with its level, snapshot count, limit and retention, quota."""
-        token = await self.t.token_for(self.user, "kubevirt-spawner acceptance: the owner", 3600)
+        token = await self.token_of(self.user)
         deadline = time.monotonic() + 120
         while True:  # the guest agent reports usage a little after a boot
             view = await self.t.status(self.user, self.server, token=token)
@@ -616,21 +640,24 @@ class Suite:
         if timeout > self.o.idle_wait:
             raise Skip(f"The idle timeout is {timeout} s, longer than --idle-wait {self.o.idle_wait:.0f}: run with "
                        f"--idle-wait {timeout + 300} to watch the warning and the stop.")
+        # Seconds by this machine's monotonic clock; whether the warning is due by the service's
+        # (stop_in_seconds): the two machines' wall clocks need not agree.
         began = time.monotonic()
         warned_at = stopped_at = None
         deadline = began + timeout + 600
         while time.monotonic() < deadline:
             model = await self.t.server_model(self.user, self.server)
-            now = datetime.now(timezone.utc)
+            now = time.monotonic()
             if model is None:  # (stopped, and no longer stopping)
                 stopped_at = now
                 break
             idle = (await self.t.status(self.user, self.server)).get("idle") or {}
-            if warned_at is None and idle.get("warn_at") and now >= _parse(idle["warn_at"]):
+            left, warn_before = idle.get("stop_in_seconds"), idle.get("warn_before_seconds")
+            if warned_at is None and left is not None and warn_before is not None and left <= warn_before:
                 warned_at = now  # what the Lab shows from then on, while the machine still runs
             await asyncio.sleep(2)
-        figures = {"timeout seconds": timeout, "warned after s": _since(began, warned_at),
-                   "stopped after s": _since(began, stopped_at)}
+        figures = {"timeout seconds": timeout, "warned after s": _after(began, warned_at),
+                   "stopped after s": _after(began, stopped_at)}
         if stopped_at is None:
             return FAIL, f"The idle workstation was not stopped within {timeout + 600} s.", figures
         if warned_at is None:
@@ -638,7 +665,7 @@ class Suite:
         after = await self.t.status(self.user, self.server)
         if not (after.get("disks") or {}).get("root"):
             return FAIL, "The root disk is gone after the idle stop.", figures
-        figures["warning before stop s"] = round((stopped_at - warned_at).total_seconds(), 1)
+        figures["warning before stop s"] = round(stopped_at - warned_at, 1)
         # the rest of the suite wants it running again
         await self.t.start(self.user, self.server, self.o.profile, self.o.start_timeout)
         return PASS, "The idle workstation was warned first, then stopped; its disks stay.", figures
@@ -705,7 +732,7 @@ class Suite:
                                             {"snapshot": name, "confirm": True})
         if status != 202:
             return FAIL, f"The service refused the restore ({status}): {_said(data)}", {}
-        op = await self.t.wait_operation(self.user, self.server, "restore", self.o.start_timeout)
+        op = await self.t.wait_operation(self.user, self.server, data, self.o.start_timeout)
         if op.get("state") != "done":
             return FAIL, f"The restore did not finish: {op.get('error') or op.get('description')}", {}
         if not (await self.t.server_model(self.user, self.server) or {}).get("ready"):
@@ -796,8 +823,9 @@ class Suite:
         node = self.o.node
         _, vmi = await self.vm_and_vmi()
         ran_on = (vmi or {}).get("status", {}).get("nodeName")
-        if ran_on != node:
-            raise AcceptanceError(f"The test workstation runs on {ran_on}, not on {node}: name the node it runs on.")
+        if ran_on != node:  # (the scheduler placed its last start elsewhere: nothing to lose)
+            raise Skip(f"The test workstation runs on {ran_on}, not on {node}, so nothing was powered off: cordon "
+                       f"the pool's other nodes, or run again with --only storage --destructive --node {ran_on}.")
         await self.t.guest_json(self.user, self.server, guest.write_files({guest.MARKERS[1]: self.nonce}))
         self.prompt(f"Power {node} off now (or cut it off the network), then fence it as deploy/README.md says "
                     f"(kubectl taint node {node} {OUT_OF_SERVICE}=nodeshutdown:NoExecute). Waiting for both ...")
@@ -851,6 +879,8 @@ class Suite:
                 left.append(f"{what} ({type(err).__name__}: {str(err)[:120]})")
                 return None
 
+        for user, (_, token_id) in self.made.tokens.items():
+            await step(f"revoking {user}'s token", self.t.revoke_token(user, token_id))
         for user, name, snap in self.made.snapshots:
             path = self.t.workstation_path(user, name) + f"/snapshots/{snap}"
             await step(f"snapshot {snap} of {workstation_name(user, name)}", self.t.service("DELETE", path))
@@ -891,14 +921,8 @@ def _said(data: Any) -> str:
     return json.dumps(data)[:300] if data is not None else "no answer"
 
 
-def _parse(stamp: str) -> datetime:
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-
-
-def _since(began: float, when: datetime | None) -> float | None:
-    if when is None:
-        return None
-    return round(time.monotonic() - began - (datetime.now(timezone.utc) - when).total_seconds(), 1)
+def _after(began: float, when: float | None) -> float | None:
+    return None if when is None else round(when - began, 1)
 
 
 def _gib(n: Any) -> float | None:

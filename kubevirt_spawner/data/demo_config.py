@@ -57,15 +57,24 @@ c.KubeVirtSpawner.start_timeout = 300
 c.KubeVirtSpawner.clone_stall_timeout = 120
 c.KubeVirtSpawner.http_timeout = 60
 
+# On the workstation pool's nodes only (the demo's cluster has them labelled and tainted as
+# deploy/host/label-nodes.sh leaves them), as hub-config/'s profiles: GPU machines on the VFIO nodes,
+# CPU machines off them (else the scheduler favours the GPU nodes' many free CPUs and the GPUs wait).
+pool_tolerations = [{"key": "workload.example.com/kubevirt", "operator": "Equal", "value": "true",
+                     "effect": "NoSchedule"}]
+cpu_placement = {
+    "node_selector": {"workload.example.com/kubevirt": "true"}, "tolerations": pool_tolerations,
+    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "accelerator.example.com/mode", "operator": "DoesNotExist"}]}]}}},
+}
 gpu_placement = {
     "node_selector": {"workload.example.com/kubevirt": "true", "accelerator.example.com/mode": "vfio"},
-    "tolerations": [{"key": "workload.example.com/kubevirt", "operator": "Equal", "value": "true",
-                     "effect": "NoSchedule"}],
+    "tolerations": pool_tolerations,
 }
 c.KubeVirtSpawner.profile_list = [
     {"display_name": "CPU workstation: 2 CPUs, 4 GiB", "slug": "cpu", "default": True,
      "description": "For notebooks, data wrangling and builds.",
-     "kubevirt_override": {"cpu_guarantee": 2, "mem_guarantee": "4G"}},
+     "kubevirt_override": {"cpu_guarantee": 2, "mem_guarantee": "4G", **cpu_placement}},
     {"display_name": "GPU workstation: 1x A100, 8 CPUs, 64 GiB", "slug": "gpu-a100-1",
      "description": "One NVIDIA A100 passed through (VFIO).",
      "kubevirt_override": {"cpu_guarantee": 8, "mem_guarantee": "64G", "root_disk_size": "150Gi",

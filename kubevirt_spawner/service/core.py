@@ -411,6 +411,9 @@ class Workstations(LoggingConfigurable):
         deadline = max(last, keepalive or last) + timedelta(seconds=self.idle_timeout)
         return {"timeout_seconds": self.idle_timeout, "last_activity": _iso(last), "deadline": _iso(deadline),
                 "warn_at": _iso(deadline - timedelta(seconds=self.idle_warn_before)),
+                "warn_before_seconds": self.idle_warn_before,
+                # (by the service's clock, for a client whose own clock may be off)
+                "stop_in_seconds": max(0, round((deadline - _now()).total_seconds())),
                 "check_every_seconds": self.idle_cull_every or None}
 
     async def _hub_server(self, user: str, server: str) -> dict | None:
@@ -992,7 +995,7 @@ def _parse_time(value) -> datetime | None:
 def _operation_view(op: Operation | None) -> dict | None:
     if op is None:
         return None
-    return {"kind": op.kind, "state": op.state, "step": op.step + 1, "steps": len(op.steps),
+    return {"id": op.id, "kind": op.kind, "state": op.state, "step": op.step + 1, "steps": len(op.steps),
             "step_labels": [STEP_LABELS.get(name, name) for name in op.steps],
             "step_name": op.current, "description": op.describe(), "by": op.by, "started": op.started,
             "updated": op.updated, "snapshot": op.snapshot or None, "safety_snapshot": op.safety or None,

@@ -28,7 +28,7 @@ from .rbac import ensure_bootstrap_policy
 from .resources import BY_KIND
 from .runtime import EventRecorder, WorkQueue
 from .schema import SchemaRegistry, schema_not_found_message
-from .seed import label_virt_handler_nodes, seed_cluster
+from .seed import label_virt_handler_nodes, put_cpu_nodes_in_pool, seed_cluster
 from .server import RequestCounter
 from .snapshots import RESTORE, SNAP, VS, Snapshots
 from .storage import DV, PVC, PVC_PROTECTION, Storage, default_storage_class
@@ -114,7 +114,9 @@ def _free(ip: str, port: int) -> bool:
 class Cluster:
     def __init__(self, state_dir: str, speed: float = 1.0, schemas_dir: str | None = None,
                  guest_mode: str = "process", guest_command: list[str] | None = None, timing: dict | None = None,
-                 golden_image: str | None = None):
+                 golden_image: str | None = None, node_pools: bool = False):
+        """`node_pools`: the CPU nodes start in the workstation pool, labelled and tainted as
+        deploy/README.md has a platform team do (seed.put_cpu_nodes_in_pool)."""
         if guest_mode not in GUEST_MODES:
             raise ValueError(f"guest mode must be 'process', 'null' or 'qemu', not {guest_mode!r}")
         if guest_mode == "qemu" and not golden_image:
@@ -129,6 +131,7 @@ class Cluster:
         self.speed = speed
         self.timing = {**DEFAULT_TIMING, **(timing or {})}
         self.guest_mode = guest_mode
+        self.node_pools = node_pools
         self.guest_command = guest_command
         self.schemas = SchemaRegistry(schemas_dir)
         self.store = Store(self.state_dir)
@@ -191,6 +194,8 @@ class Cluster:
         if self.fresh:
             seed_cluster(self)
         label_virt_handler_nodes(self.store)
+        if self.node_pools:
+            put_cpu_nodes_in_pool(self.store)
         ensure_bootstrap_policy(self.store)
         for sc in self.store.list(BY_KIND["StorageClass"]):
             self.storage.storage_profile(sc["metadata"]["name"])

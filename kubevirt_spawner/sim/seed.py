@@ -26,6 +26,10 @@ ID_LIKE=debian
 
 
 VIRT_HANDLER_POOLS = ("vm-cpu", "vm-gpu-pci")  # where KubeVirt's CR places virt-handler
+# The workstation pool's label and taint (deploy/settings.env's KUBEVIRT_NODE_LABEL; what
+# deploy/host/label-nodes.sh puts on a pool's nodes).
+POOL_LABEL = "workload.example.com/kubevirt"
+POOL_TAINT = {"key": POOL_LABEL, "value": "true", "effect": "NoSchedule"}
 
 
 def virt_handler_runs_on(node: dict) -> bool:
@@ -41,6 +45,25 @@ def label_virt_handler_nodes(store):
             new = copy.deepcopy(node)
             new["metadata"].setdefault("labels", {})["kubevirt.io/schedulable"] = "true"
             store.update(node_rt, new, check_rv=False)
+
+
+def put_cpu_nodes_in_pool(store):
+    """The vm-cpu nodes put in the workstation pool as `deploy/host/label-nodes.sh --pool vm-cpu`
+    leaves them: the pool label (the profiles select it) and its NoSchedule taint (containers stay
+    off). The plain seed leaves them out, so that a VM without the pool's placement, as most tests
+    make, still lands there; the demo's cluster is set up like a platform team's. (Also brings a
+    demo cluster saved by an older simulator up to date.)"""
+    node_rt = BY_KIND["Node"]
+    for node in store.list(node_rt):
+        labels = node["metadata"].get("labels") or {}
+        if labels.get("workload.example.com/pool") != "vm-cpu" or labels.get(POOL_LABEL) == "true":
+            continue
+        new = copy.deepcopy(node)
+        new["metadata"].setdefault("labels", {})[POOL_LABEL] = "true"
+        taints = new.setdefault("spec", {}).setdefault("taints", [])
+        if not any(t.get("key") == POOL_LABEL for t in taints):
+            taints.append(dict(POOL_TAINT))
+        store.update(node_rt, new, check_rv=False)
 
 
 def _node(name: str, labels: dict, cpu: str, memory: str, extra: dict | None = None, taints=None) -> dict:
@@ -77,7 +100,6 @@ def _ceph_secret_parameters(*uses: str) -> dict:
 
 
 def seed_objects() -> list[dict]:
-    kubevirt_taint = {"key": "workload.example.com/kubevirt", "value": "true", "effect": "NoSchedule"}
     objects = [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}} for n in
         ("default", "kube-system", GOLDEN_NAMESPACE)
@@ -99,9 +121,9 @@ def seed_objects() -> list[dict]:
         _node("vm-cpu-2", {"node-role.kubernetes.io/worker": "", "workload.example.com/pool": "vm-cpu"},
               "32", "128Gi"),
         _node("vm-gpu-pci-1", {"node-role.kubernetes.io/worker": "", "workload.example.com/pool": "vm-gpu-pci",
-                               "workload.example.com/kubevirt": "true", "accelerator.example.com/mode": "vfio",
+                               POOL_LABEL: "true", "accelerator.example.com/mode": "vfio",
                                "nvidia.com/gpu.product": "A100-PCIE-40GB"},
-              "64", "512Gi", {GPU_DEVICE: "2"}, [kubevirt_taint]),
+              "64", "512Gi", {GPU_DEVICE: "2"}, [dict(POOL_TAINT)]),
         _node("container-gpu-1", {"node-role.kubernetes.io/worker": "", "workload.example.com/pool": "container-gpu",
                                   "accelerator.example.com/mode": "container", "nvidia.com/gpu.product": "L4"},
               "32", "256Gi", {"nvidia.com/gpu": "4"},

@@ -306,7 +306,8 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def e2e_sim(tmp_path_factory):
-    s = start_sim(tmp_path_factory.mktemp("cluster"), speed=E2E_SPEED)
+    # the demo's cluster: its CPU nodes in the workstation pool, as the demo config's profiles select
+    s = start_sim(tmp_path_factory.mktemp("cluster"), speed=E2E_SPEED, node_pools=True)
     yield s
     s.stop()
 

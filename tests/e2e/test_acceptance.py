@@ -13,8 +13,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import io
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -23,6 +21,7 @@ from conftest import Hub, hub_with_service
 from kubernetes import client
 
 from kubevirt_spawner.acceptance import guest, run_suite
+from kubevirt_spawner.acceptance.client import AcceptanceError
 from kubevirt_spawner.acceptance.experiments import Options, Suite
 from kubevirt_spawner.acceptance.report import FAIL, PASS, SKIP, to_html
 
@@ -30,40 +29,29 @@ from simtools import api_client, apply, service_account_kubeconfig, sim_api
 
 READER = Path(__file__).resolve().parents[2] / "deploy" / "acceptance" / "acceptance-reader.yaml"
 IDLE_TIMEOUT = 40
-LABEL_NODES = Path(__file__).resolve().parents[2] / "deploy" / "host" / "label-nodes.sh"
-# The workstation pool's placement, as the production config's profiles have it (hub-config/).
-POOL = {"node_selector": {"workload.example.com/kubevirt": "true"},
-        "tolerations": [{"key": "workload.example.com/kubevirt", "operator": "Equal", "value": "true",
-                         "effect": "NoSchedule"}],
-        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-            {"matchExpressions": [{"key": "accelerator.example.com/mode", "operator": "DoesNotExist"}]}]}}}}
-GPU_POOL = {"node_selector": {"workload.example.com/kubevirt": "true", "accelerator.example.com/mode": "vfio"},
-            "tolerations": POOL["tolerations"]}
+# The demo's CPU placement (kubevirt_spawner/data/demo_config.py): the pool, off its VFIO nodes.
+CPU_POOL = {"node_selector": {"workload.example.com/kubevirt": "true"},
+            "tolerations": [{"key": "workload.example.com/kubevirt", "operator": "Equal", "value": "true",
+                             "effect": "NoSchedule"}],
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "accelerator.example.com/mode", "operator": "DoesNotExist"}]}]}}}}
 CONFIG = f"""
 c.KubeVirtSpawner.retention_days = 0  # the suite may purge what it made at once
 c.KubeVirtSpawner.start_timeout = 180
 c.Workstations.idle_timeout = {IDLE_TIMEOUT}
 c.Workstations.idle_cull_every = 3
 c.Workstations.idle_warn_before = 20
-c.KubeVirtSpawner.profile_list = [
-    {{"display_name": "CPU workstation", "slug": "cpu", "default": True,
-      "kubevirt_override": {{"cpu_guarantee": 2, "mem_guarantee": "4G", **{POOL!r}}}}},
-    {{"display_name": "GPU workstation", "slug": "gpu",
-      "kubevirt_override": {{"cpu_guarantee": 2, "mem_guarantee": "4G", "gpus": {{"nvidia.com/A100-PCIE-40GB": 1}},
-                            **{GPU_POOL!r}}}}},
-    {{"display_name": "CPU workstation, larger disk", "slug": "cpu-big",
-      "kubevirt_override": {{"cpu_guarantee": 2, "mem_guarantee": "4G", "root_disk_size": "80Gi", **{POOL!r}}}}},
-]
+# the demo's profiles, and one like its CPU profile (placed as it is) with a larger disk
+c.KubeVirtSpawner.profile_list.append({{"display_name": "CPU workstation, larger disk", "slug": "cpu-big",
+                                        "kubevirt_override": {{"cpu_guarantee": 2, "mem_guarantee": "4G",
+                                                              "root_disk_size": "80Gi", **{CPU_POOL!r}}}}})
 """
 
 
 @pytest.fixture(scope="module")
 def hub(e2e_sim, tmp_path_factory):
-    # The simulator's CPU nodes come up outside the workstation pool (its seed predates
-    # deploy/host/label-nodes.sh); put them in as deploy/README.md has a platform team do.
-    done = subprocess.run(["bash", str(LABEL_NODES), "--pool", "vm-cpu", "vm-cpu-1", "vm-cpu-2"], capture_output=True,
-                          text=True, env={**os.environ, "KUBECONFIG": e2e_sim.kubeconfig}, timeout=120)
-    assert done.returncode == 0, done.stderr
+    # (e2e_sim is the demo's cluster: its nodes in the workstation pools, as deploy/README.md has a
+    # platform team put them with deploy/host/label-nodes.sh)
     yield from hub_with_service(e2e_sim, tmp_path_factory, CONFIG)
 
 
@@ -185,7 +173,7 @@ def test_each_experiment_fails_when_what_it_checks_is_broken(hub: Hub, tmp_path:
     assert "/etc/kvs-acceptance/marker" in found["persistence/files-kept"].sentence
     assert found["persistence/pip-package-kept"].result == PASS, printed
 
-    found, printed, _, _ = run(hub, kubeconfig, LauncherHeld, user="held", only=("persistence",), profile="gpu",
+    found, printed, _, _ = run(hub, kubeconfig, LauncherHeld, user="held", only=("persistence",), profile="gpu-a100-1",
                             release_wait=8)
     try:
         r = found["persistence/stop-releases-compute-keeps-disks"]
@@ -194,9 +182,13 @@ def test_each_experiment_fails_when_what_it_checks_is_broken(hub: Hub, tmp_path:
         ns, name = LauncherHeld.pod
         client.CoreV1Api(api_client(hub.sim)).patch_namespaced_pod(name, ns, {"metadata": {"finalizers": None}})
 
+    hub.ensure_user("leak")  # (a user the suite did not make: it stays, and so would its tokens)
     found, printed, _, _ = run(hub, kubeconfig, TokenOnDisk, user="leak", only=("security",))
     r = found["security/no-cluster-credentials-in-guest"]
     assert r.result == FAIL and "/var/tmp/kvs-leak (holds the hub's API token)" in r.sentence, printed
+    # the tokens the suite made for it (its requests as the owner) are revoked at the end
+    tokens = hub.api("GET", "/users/leak/tokens").json()["api_tokens"]
+    assert not [t for t in tokens if t["note"] == "kubevirt-spawner acceptance"], tokens
 
 
 # ------------------------------------------------------------ --destructive: a node lost and fenced
@@ -232,6 +224,12 @@ def test_a_lost_and_fenced_node_gives_a_cold_start_elsewhere_and_no_second_attac
     kubeconfig = reader_kubeconfig(hub.sim, tmp_path / "reader.kubeconfig")
     admin = client.CoreV1Api(api_client(hub.sim))
     told: list[str] = []
+    # a node that is not there, or not in the pool: said at once, before anything is made
+    for node, said in (("vm-cpu-9", "the cluster has no such node"),
+                       ("container-gpu-1", r"is not in the workstation pool \(workload.example.com/kubevirt=true\)")):
+        with pytest.raises(AcceptanceError, match=said):
+            run(hub, kubeconfig, user="nobody", only=("storage",), destructive=True, node=node)
+    assert hub.api("GET", "/users/nobody").status_code == 404 and not told
 
     def power_off(text: str):  # what the admin does when the suite asks
         told.append(text)

@@ -69,7 +69,10 @@ def test_files_survive_stop_and_start_and_a_stopped_gpu_is_free_for_others(hub, 
     assert messages.count("Keeping your 150Gi system disk (the profile asks for at least 60Gi)") == 1, messages
     template = cluster.vm("notebook-alice", "alice-workstation")["spec"]["template"]["spec"]
     assert "gpus" not in template["domain"]["devices"]
-    assert "nodeSelector" not in template and "tolerations" not in template
+    # (the demo's CPU placement: the pool, off its VFIO nodes; nothing of the GPU profile's)
+    assert template["nodeSelector"] == {"workload.example.com/kubevirt": "true"}
+    assert template["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "accelerator.example.com/mode", "operator": "DoesNotExist"}]}]}
     assert template["domain"]["resources"] == {"requests": {"cpu": "2", "memory": "4Gi"}}
     assert cluster.vmi("notebook-alice", "alice-workstation")["status"]["nodeName"] != "vm-gpu-pci-1"
     pvcs = {p["metadata"]["name"]: p for p in cluster.pvcs("notebook-alice")}

@@ -33,8 +33,10 @@ def modify_vm(spawner, vm):
 
 
 c.KubeVirtSpawner.modify_vm_hook = modify_vm
+# (the site's own taint beside the demo cluster's pool taint: the list replaces the profiles')
 c.KubeVirtSpawner.extra_vm_template_spec = {
-    "tolerations": [{"key": "example.org/workstations", "operator": "Exists", "effect": "NoSchedule"}]}
+    "tolerations": [{"key": "example.org/workstations", "operator": "Exists", "effect": "NoSchedule"},
+                    {"key": "workload.example.com/kubevirt", "operator": "Exists", "effect": "NoSchedule"}]}
 c.KubeVirtSpawner.profile_list = {
     "a-compute": {
         "display_name": "Compute", "default": True,
@@ -217,7 +219,8 @@ def test_the_admins_hook_and_extra_spec_land_in_the_vm_and_a_vm_the_cluster_refu
     vm = template(cluster, "hana")
     assert vm["metadata"]["annotations"]["example.org/started-by"] == "hana"
     assert vm["spec"]["template"]["spec"]["tolerations"] == [
-        {"key": "example.org/workstations", "operator": "Exists", "effect": "NoSchedule"}]
+        {"key": "example.org/workstations", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "workload.example.com/kubevirt", "operator": "Exists", "effect": "NoSchedule"}]
     hub.stop_server("hana")
     hub.ensure_user("ivan")
     r = hub.api("POST", "/users/ivan/server", json={"profile": "compute"})

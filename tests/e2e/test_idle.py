@@ -81,6 +81,8 @@ def test_idle_machines_are_stopped_busy_ones_are_not_and_the_service_says_why(hu
     deadline, warn_at = datetime.fromisoformat(idle["deadline"]), datetime.fromisoformat(idle["warn_at"])
     assert deadline - datetime.fromisoformat(idle["last_activity"]) == timedelta(seconds=TIMEOUT)
     assert deadline - warn_at == timedelta(seconds=20)
+    # and by the service's own clock, for a client whose clock is off (the acceptance suite)
+    assert idle["warn_before_seconds"] == 20 and 0 <= idle["stop_in_seconds"] <= TIMEOUT
     wait_for(lambda: hub.server_model("ivy") is None, 3 * TIMEOUT, what="the culler to stop ivy's idle server")
     wait_for(lambda: cluster.vmi(ns["ivy"], "ivy-workstation") is None, 30, what="ivy's VMI forced off")
     assert "ivy-workstation did not shut down within 5s: forcing it off" in hub.log()
