@@ -1,0 +1,74 @@
+"""Writes the pages of docs/ that come from the code: the configuration reference, from the
+traitlets of the classes a site configures. `python docs/generate.py` after changing a setting;
+tests/test_docs.py fails when a page here differs from what this makes, or a setting has no help."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+DOCS = Path(__file__).resolve().parent
+
+# (class, where it is configured, what it is): the classes a site's config file sets
+CONFIGURABLES = (
+    ("kubevirt_spawner.spawner", "KubeVirtSpawner", "the hub's config (`jupyterhub_config.py`)",
+     "The spawner: the workstation each user gets, its profiles, disks, placement and namespace."),
+    ("kubevirt_spawner.service.core", "Workstations", "the hub's config (the service loads the same file)",
+     "The workstations service: snapshots, restore, reset, idle stops, keep-alives, drains, costs."),
+    ("kubevirt_spawner.guest.activity", "WorkstationActivity", "the workstation's Jupyter server config",
+     "What counts as activity inside a workstation (kernels, terminals, SSH, the GPU)."),
+    ("kubevirt_spawner.guest.proxy", "WorkstationGuest", "the workstation's Jupyter server config",
+     "The workstation's side of the Lab panel and the SSH tunnel."),
+)
+
+
+def _class(module: str, name: str):
+    __import__(module)
+    return getattr(sys.modules[module], name)
+
+
+def _help(text: str) -> str:
+    return textwrap.dedent(text or "").strip()
+
+
+def configuration() -> str:
+    out = ["# Configuration reference", "",
+           "Generated from the code by `python docs/generate.py`; a test fails when this page and the code "
+           "differ, so edit the settings' help in the code, not here.", ""]
+    for module, name, where, what in CONFIGURABLES:
+        cls = _class(module, name)
+        out += [f"## {name}", "", f"{what} Set in {where} as `c.{name}.SETTING`.", ""]
+        for trait_name, trait in sorted(cls.class_own_traits(config=True).items()):
+            default = trait.default_value_repr()
+            if len(default) > 120:
+                default = default[:117] + "..."
+            out += [f"### `c.{name}.{trait_name}`", "",
+                    f"{type(trait).__name__}, default `{default}`", "", _help(trait.help), ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+PAGES = {"configuration.md": configuration}
+
+
+def missing_help() -> list[str]:
+    """The configurable settings without help text: each needs a sentence for the reference."""
+    out = []
+    for module, name, _, _ in CONFIGURABLES:
+        cls = _class(module, name)
+        out += [f"{name}.{t}" for t, trait in cls.class_own_traits(config=True).items() if not _help(trait.help)]
+    return out
+
+
+def main() -> int:
+    for page, make in PAGES.items():
+        (DOCS / page).write_text(make())
+        print(f"wrote {DOCS / page}")
+    if missing_help():
+        print("settings without help: " + ", ".join(missing_help()), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
