@@ -215,7 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     _add_login_flags(acc)
     acc.add_argument("--kubeconfig", default=None, help="read access to the cluster (deploy/acceptance/acceptance-reader.yaml):"
                                                         " nodes, pods, the test VMs, claims, volume attachments")
-    acc.add_argument("--user", default="kvs-acceptance", help="the test user (made if missing; default kvs-acceptance)")
+    acc.add_argument("--user", default=None,
+                     help="the test user (made if missing; default: kvs-acceptance-TAG, new each run and deleted "
+                          "after); the run's workstation and helper users are new even for a user of the hub's")
     acc.add_argument("--profile", default=None, help="the profile of the test workstation (default: the hub's default)")
     acc.add_argument("--only", default=None, help="sections to run, comma-separated: host, persistence, storage, security")
     acc.add_argument("--clones", type=int, default=2, help="workstations cloned at once (default 2; 0: none)")

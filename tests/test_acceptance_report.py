@@ -55,6 +55,9 @@ def test_the_markdown_table_keeps_one_row_per_experiment():
     assert len(rows) == 3
     assert all(row.count(" | ") == 4 for row in rows), rows  # (a pipe or a line break from a guest is escaped)
     assert "<img" not in text
+    # quotes stay quotes (no entity whose # the Markdown escape then breaks)
+    said = to_markdown([Record("host", "placement", PASS, "The user's machine runs on \"a\".", {}, 0.1)], META)
+    assert "The user's machine runs on \"a\"." in said and "&" not in said
 
 
 @pytest.mark.parametrize("path", ["report.txt", "report", "report.html.bak"])

@@ -55,6 +55,7 @@ async def run_suite(url: str, token: str, kubeconfig: str | None, options: Optio
             "kubeconfig": bool(kubeconfig), "only": list(options.only), "destructive": options.destructive}
     async with aiohttp.ClientSession() as session:
         suite = suite_class(Target(session, url, token), cluster, options, out, prompt)
+        meta["user"] = suite.user
         try:
             await suite.run()
         finally:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from urllib3.exceptions import HTTPError
+
 from .. import manifests as m
 from ..quantity import parse_quantity
 from .client import AcceptanceError
@@ -37,32 +39,40 @@ class Cluster:
             raise AcceptanceError(f"The cluster refused to show {getattr(fn, '__name__', 'an object')} "
                                   f"({err.status} {err.reason}); the kubeconfig needs the reads "
                                   "deploy/acceptance/acceptance-reader.yaml grants.") from None
-        except OSError as err:
-            raise AcceptanceError(f"The cluster's API server does not answer ({err}).") from None
+        except (OSError, HTTPError) as err:  # (urllib3's: a refused or broken connection, retries run out)
+            raise AcceptanceError(f"The cluster's API server does not answer ({type(err).__name__}).") from None
         return result if isinstance(result, dict) else self.api.sanitize_for_serialization(result)
 
+    async def _list(self, fn, *args, **kwargs) -> list[dict]:
+        """A list's items; a list the cluster does not serve (404: an API it lacks) is a sentence."""
+        found = await self._call(fn, *args, **kwargs)
+        if found is None:
+            raise AcceptanceError(f"The cluster does not serve {getattr(fn, '__name__', 'a list')} (404): is "
+                                  "KubeVirt installed, and is the kubeconfig for this cluster?")
+        return found["items"]
+
     async def nodes(self) -> list[dict]:
-        return (await self._call(self.core.list_node))["items"]
+        return await self._list(self.core.list_node)
 
     async def pods_on(self, node: str) -> list[dict]:
-        found = await self._call(self.core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={node}")
-        return [p for p in found["items"] if (p.get("status") or {}).get("phase") not in TERMINAL_PHASES]
+        found = await self._list(self.core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={node}")
+        return [p for p in found if (p.get("status") or {}).get("phase") not in TERMINAL_PHASES]
 
     async def pods(self, label_selector: str) -> list[dict]:
-        return (await self._call(self.core.list_pod_for_all_namespaces, label_selector=label_selector))["items"]
+        return await self._list(self.core.list_pod_for_all_namespaces, label_selector=label_selector)
 
     async def pod_log(self, namespace: str, name: str, tail: int = 40) -> str:
         text = await asyncio.to_thread(self.core.read_namespaced_pod_log, name, namespace, tail_lines=tail)
         return text if isinstance(text, str) else ""
 
     async def daemonsets(self, label_selector: str) -> list[dict]:
-        return (await self._call(self.apps.list_daemon_set_for_all_namespaces, label_selector=label_selector))["items"]
+        return await self._list(self.apps.list_daemon_set_for_all_namespaces, label_selector=label_selector)
 
     async def workstation_vm(self, user: str, server: str) -> dict | None:
         """The test workstation's VirtualMachine, found by the raw names the spawner annotates."""
-        found = await self._call(self.custom.list_cluster_custom_object, *KUBEVIRT, "virtualmachines",
+        found = await self._list(self.custom.list_cluster_custom_object, *KUBEVIRT, "virtualmachines",
                                  label_selector=f"app.kubernetes.io/managed-by={m.MANAGED_BY}")
-        for vm in found["items"]:
+        for vm in found:
             ann = vm["metadata"].get("annotations") or {}
             if ann.get(m.ANNOTATION_USERNAME) == user and ann.get(m.ANNOTATION_SERVERNAME, "") == server:
                 return vm
@@ -73,8 +83,8 @@ class Cluster:
                                 "virtualmachineinstances", name)
 
     async def claims(self, namespace: str, names: set[str]) -> list[dict]:
-        found = await self._call(self.core.list_namespaced_persistent_volume_claim, namespace)
-        return [c for c in found["items"] if c["metadata"]["name"] in names]
+        found = await self._list(self.core.list_namespaced_persistent_volume_claim, namespace)
+        return [c for c in found if c["metadata"]["name"] in names]
 
     async def workstation_claims(self, vm: dict) -> list[dict]:
         """The claims the workstation's VM mounts (its disks)."""

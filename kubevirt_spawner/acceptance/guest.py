@@ -67,6 +67,7 @@ UNIT = "kvs-acceptance-probe.service"
 RESET_ROOT_MARKER = "/opt/kvs-acceptance/reset-marker"
 RESET_HOME_MARKER = "~/kvs-acceptance/reset-marker"
 CHANGED_AFTER_SNAPSHOT = "/opt/kvs-acceptance/after-snapshot"
+RESTORE_HOME_MARKER = "~/kvs-acceptance/before-snapshot"  # (the workspace disk, where there is one)
 
 
 def probe() -> str:

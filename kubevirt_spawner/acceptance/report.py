@@ -71,7 +71,7 @@ def _by_section(records: list[Record]) -> list[tuple[str, list[Record]]]:
 
 def to_markdown(records: list[Record], meta: dict) -> str:
     def cell(text: Any) -> str:  # (a table cell: no line breaks, no pipes, no markup or links from a guest)
-        escaped = html.escape(" ".join(printable(str(text)).split()))
+        escaped = html.escape(" ".join(printable(str(text)).split()), quote=False)  # (quotes need none)
         return re.sub(r"([\\`*_\[\]()!#<>~|])", r"\\\1", escaped)
 
     c = counts(records)
