@@ -1,5 +1,6 @@
 """Writes the pages of docs/ that come from the code: the configuration reference, from the
-traitlets of the classes a site configures. `python docs/generate.py` after changing a setting;
+traitlets of the classes a site configures, and the failures a user can meet, from
+`kubevirt_spawner.reasons.Reason`. `python docs/generate.py` after changing a setting or a reason;
 tests/test_docs.py fails when a page here differs from what this makes, or a setting has no help."""
 
 from __future__ import annotations
@@ -48,7 +49,20 @@ def configuration() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-PAGES = {"configuration.md": configuration}
+def failures() -> str:
+    from kubevirt_spawner.reasons import Reason
+    out = ["# Failures", "",
+           "Generated from the code by `python docs/generate.py`; a test fails when this page and the code "
+           "differ, so edit the descriptions in `kubevirt_spawner/reasons.py`, not here.", "",
+           "A start, snapshot, restore or reset that fails in a way the user can act on shows them one sentence "
+           "that says what happened and what to do, and carries a short reason: the hub's log shows it, and "
+           "JupyterHub's spawn-failure metrics label a failed start with it (`reason`).", "",
+           "| Reason | When, and what to do |", "| --- | --- |"]
+    out += [f"| `{reason.value}` | {reason.description.replace('|', '&#124;')} |" for reason in Reason]
+    return "\n".join(out) + "\n"
+
+
+PAGES = {"configuration.md": configuration, "failures.md": failures}
 
 
 def missing_help() -> list[str]:

@@ -18,6 +18,7 @@ from typing import Protocol
 
 from . import kube as k
 from . import manifests as m
+from .reasons import Reason
 from .workstation import Workstation, WorkstationError
 
 ANNOTATION_OPERATION = m.LABEL_PREFIX + "operation"
@@ -119,16 +120,16 @@ def refuse_start_during_operation(ws: Workstation):
     if op is not None and op.blocks_start:
         after = ("it starts by itself when done" if op.was_running
                  else "start it again when that is done")
-        raise WorkstationError(f"Your workstation is {op.describe()}; {after}.", reason="operation-running",
+        raise WorkstationError(f"Your workstation is {op.describe()}; {after}.", reason=Reason.OPERATION_RUNNING,
                                status_code=409)
     holder = ((ws.vm or {}).get("status") or {}).get("restoreInProgress")
     if holder:
         if op is not None and op.kind == "restore" and op.restore == holder and op.state == "failed" and op.error:
-            raise WorkstationError(op.error, reason="restore-stuck", status_code=409)
+            raise WorkstationError(op.error, reason=Reason.RESTORE_STUCK, status_code=409)
         raise WorkstationError(
             f"Your workstation is locked by VirtualMachineRestore {ws.ident.namespace}/{holder}, which has not "
             "finished: it cannot start until an administrator lets that restore finish or deletes it.",
-            reason="restore-stuck", status_code=409)
+            reason=Reason.RESTORE_STUCK, status_code=409)
 
 
 class Operations:
@@ -153,11 +154,11 @@ class Operations:
         op = self.operation
         if op is not None and op.state == "running":
             raise WorkstationError(f"Your workstation is already {op.describe()}; wait until it is done.",
-                                   reason="operation-running", status_code=409)
+                                   reason=Reason.OPERATION_RUNNING, status_code=409)
 
     def _require_machine(self):
         if self.ws.vm is None:
-            raise WorkstationError("Your workstation has no machine yet: start it once first.", reason="no-machine",
+            raise WorkstationError("Your workstation has no machine yet: start it once first.", reason=Reason.NO_MACHINE,
                                    status_code=409)
 
     async def begin_restore(self, snapshot: str, by: str) -> Operation:

@@ -25,6 +25,7 @@ from . import profiles as prof
 from .objects import field_value, merge_patch
 from .operations import refuse_start_during_operation
 from .quantity import format_bytes, parse_quantity
+from .reasons import Reason
 from .reflector import Caches
 from .service import SERVICE_NAME
 from .workstation import CloneGate, Settings, Workstation, WorkstationError, refusals_explained, wait_synced
@@ -383,11 +384,11 @@ class KubeVirtSpawner(Spawner):
             return prof.normalise(await maybe_future(self.profile_list(self)) or [])
         except prof.ProfileError as exc:
             raise WorkstationError(f"This hub's profile list cannot be used ({exc}). Tell your administrator.",
-                                   reason="profile") from None
+                                   reason=Reason.PROFILE) from None
         except Exception:
             self.log.exception("profile_list failed for %s", self._log_name)
             raise WorkstationError("This hub's profile list failed, so no profile can be chosen now. Tell your "
-                                   "administrator; the hub's log has the error.", reason="profile") from None
+                                   "administrator; the hub's log has the error.", reason=Reason.PROFILE) from None
 
     def _group_names(self) -> list[str]:
         return [group.name for group in getattr(self.user, "groups", None) or []]
@@ -397,7 +398,7 @@ class KubeVirtSpawner(Spawner):
             return prof.choose(await self._profiles_now(), user_options, self.user.name, self._group_names(),
                                check_access=check_access)
         except prof.ProfileError as exc:
-            raise WorkstationError(str(exc), reason="profile") from None
+            raise WorkstationError(str(exc), reason=Reason.PROFILE) from None
 
     async def _resolved(self, selection: prof.Selection | None) -> list[dict]:
         """The selection's overrides with callable values called (with this spawner; awaited when
@@ -414,7 +415,7 @@ class KubeVirtSpawner(Spawner):
                     self.log.exception("the profile %s's %s failed for %s", selection.slug, name, self._log_name)
                     raise WorkstationError(
                         f"The profile {selection.slug!r} could not work out its {name}. Tell your administrator; the "
-                        "hub's log has the error.", reason="profile") from None
+                        "hub's log has the error.", reason=Reason.PROFILE) from None
             out.append(values)
         return out
 
@@ -562,7 +563,7 @@ class KubeVirtSpawner(Spawner):
                 values[name] = self.traits()[name]._validate(self, value) if changed else value
             except TraitError as exc:
                 raise WorkstationError(f"Profile {slug!r} has an invalid {name}: {exc}. Tell your "
-                                       "administrator.", reason="profile") from None
+                                       "administrator.", reason=Reason.PROFILE) from None
         mem_limit = values["mem_limit"]
         guest = values["memory_guest"] or mem_limit or values["mem_guarantee"]
         golden = values["golden_image"]
@@ -575,7 +576,7 @@ class KubeVirtSpawner(Spawner):
                                      f"image's namespace {golden.split('/')[0]}, where the hub may clone from")
         except ValueError as exc:
             raise WorkstationError(f"Profile {slug!r} has invalid shared data or extra disks: {exc}. Tell your "
-                                   "administrator.", reason="profile") from None
+                                   "administrator.", reason=Reason.PROFILE) from None
         return m.MachineSpec(
             cpu=cpu_quantity(values["cpu_guarantee"] or values["cpu_limit"] or 1),
             memory=format_bytes(values["mem_guarantee"] or mem_limit),

@@ -28,6 +28,7 @@ from . import names
 from .clonegate import CloneGate
 from .objects import FINAL_PHASES, condition, field_value
 from .quantity import parse_quantity
+from .reasons import Reason
 from .reflector import Caches, PerNamespace, within
 
 ANNOTATION_SPEC_HASH = m.LABEL_PREFIX + "spec-hash"
@@ -48,10 +49,10 @@ Report = Callable[[int, str], None]
 
 class WorkstationError(SpawnException):
     """A failure the user can act on. `message` is the sentence shown to them; `reason` a short
-    label (`gpu-unavailable`, `disk-missing`, `timeout`...) for the hub's log and metrics. JupyterHub
-    logs these without a traceback."""
+    label (`Reason.GPU_UNAVAILABLE`, whose value `gpu-unavailable` the hub's log and metrics show;
+    `reasons.py` lists them all). JupyterHub logs these without a traceback."""
 
-    def __init__(self, message: str, *, reason: str, status_code: int = 400):
+    def __init__(self, message: str, *, reason: Reason, status_code: int = 400):
         super().__init__(message, reason=reason, status_code=status_code)
         # Without this, JupyterHub shows its own generic text for some reasons ("timeout").
         self.jupyterhub_message = message
@@ -61,7 +62,7 @@ def name_taken(obj: dict) -> WorkstationError:
     return WorkstationError(
         f"{obj.get('kind') or 'An object'} {obj['metadata'].get('namespace')}/{obj['metadata']['name']} already exists "
         f"and is not this workstation's, so nothing was done; ask your administrator to rename or remove it.",
-        reason="name-taken", status_code=409)
+        reason=Reason.NAME_TAKEN, status_code=409)
 
 
 class WorkstationLog(logging.LoggerAdapter):
@@ -153,7 +154,7 @@ def refusals_explained(log: logging.Logger | logging.LoggerAdapter, doing: str):
         raise WorkstationError(
             f"Your workstation could not {doing}: the hub is not allowed to do part of it on the cluster. "
             "Tell your administrator; the hub's log names the missing permission.",
-            reason="forbidden", status_code=500) from err
+            reason=Reason.FORBIDDEN, status_code=500) from err
 
 
 async def wait_synced(caches: Caches, log: logging.Logger | logging.LoggerAdapter, timeout: float,
@@ -167,7 +168,7 @@ async def wait_synced(caches: Caches, log: logging.Logger | logging.LoggerAdapte
         raise WorkstationError(
             "The hub cannot read the state of your workstation from the cluster right now. Try again in a few "
             "minutes; if it keeps failing, tell your administrator.",
-            reason="cluster-unavailable", status_code=503) from None
+            reason=Reason.CLUSTER_UNAVAILABLE, status_code=503) from None
 
 
 class Workstation:
@@ -314,7 +315,7 @@ class Workstation:
         return WorkstationError(
             f"Your workstation did not start within {self.settings.start_timeout:.0f} seconds while waiting "
             f"for {waiting_for}. Try again in a minute; if it keeps failing, tell your administrator.",
-            reason="timeout", status_code=504)
+            reason=Reason.TIMEOUT, status_code=504)
 
     def _refuse_double_attach(self):
         for vmi in self.attached_elsewhere():
@@ -325,11 +326,11 @@ class Workstation:
                     f"Your workstation's disk is still attached to a machine on node {node}, which has stopped "
                     f"responding. It cannot start anywhere else until an administrator confirms that {node} is "
                     f"fenced (powered off), for example by tainting it "
-                    f"node.kubernetes.io/out-of-service=nodeshutdown:NoExecute.", reason="lost-node", status_code=409)
+                    f"node.kubernetes.io/out-of-service=nodeshutdown:NoExecute.", reason=Reason.LOST_NODE, status_code=409)
             if name != self.ident.vm:
                 raise WorkstationError(
                     f"Your workstation's disk is in use by another virtual machine ({name} on {node}). "
-                    f"Stop it first, or ask your administrator.", reason="disk-in-use", status_code=409)
+                    f"Stop it first, or ask your administrator.", reason=Reason.DISK_IN_USE, status_code=409)
 
     async def _prepare_namespace(self, deadline: float) -> k.KubeError | None:
         """The namespace of a first start, made when missing, bound and watched: before anything is
@@ -368,7 +369,7 @@ class Workstation:
             raise WorkstationError(
                 f"Your system disk {ident.namespace}/{ident.rootdisk} is missing, so your workstation cannot start. "
                 "Ask your administrator to restore it from a snapshot or to reset your system.",
-                reason="disk-missing", status_code=409)
+                reason=Reason.DISK_MISSING, status_code=409)
         if disk is None:
             gate = self.settings.clone_gate
             gate.attach(self.caches)
@@ -412,17 +413,17 @@ class Workstation:
                 raise WorkstationError(
                     f"The shared data volume {where} that your workstation mounts at {share.path} does not exist, "
                     "so nothing was started; ask your administrator to make it or to take it out of your profile.",
-                    reason="shared-data", status_code=409)
+                    reason=Reason.SHARED_DATA, status_code=409)
             if (field_value(pvc, "metadata.labels") or {}).get("app.kubernetes.io/managed-by") == m.MANAGED_BY:
                 raise WorkstationError(
                     f"The shared data volume {where} that your workstation mounts at {share.path} is a disk of a "
                     "workstation, not shared data, so nothing was started; ask your administrator to correct the "
-                    "profile.", reason="shared-data", status_code=409)
+                    "profile.", reason=Reason.SHARED_DATA, status_code=409)
             if field_value(pvc, "spec.volumeMode") == "Block":
                 raise WorkstationError(
                     f"The shared data volume {where} that your workstation mounts at {share.path} is a block "
                     "device, not a filesystem, so nothing was started; ask your administrator to give a "
-                    "Filesystem claim.", reason="shared-data", status_code=409)
+                    "Filesystem claim.", reason=Reason.SHARED_DATA, status_code=409)
 
     async def _unretire(self):
         """A user who comes back before the retention ends gets their kept disks back. An account
@@ -473,7 +474,7 @@ class Workstation:
             sentence = (f"Disks kept from an earlier account named {self.ident.user} wait in {self.ident.namespace}, "
                         "and your workstation may use them only once your administrator confirms they are yours "
                         "(the hub's log says how).")
-        raise WorkstationError(sentence, reason="kept-for-earlier-account", status_code=409)
+        raise WorkstationError(sentence, reason=Reason.KEPT_FOR_EARLIER_ACCOUNT, status_code=409)
 
     def _check_owner(self, obj: dict):
         if self._mine(obj) is None:
@@ -571,14 +572,14 @@ class Workstation:
                 self.log.exception("modify_vm_hook failed")
                 raise WorkstationError(
                     "This hub's modify_vm_hook failed on your workstation's machine, so nothing was created or "
-                    "changed. Tell your administrator; the hub's log has the error.", reason="vm-spec",
+                    "changed. Tell your administrator; the hub's log has the error.", reason=Reason.VM_SPEC,
                     status_code=500) from None
             if not self._kept_ours(desired, changed):
                 self.log.error("modify_vm_hook returned no VirtualMachine %s/%s with the hub's labels and "
                                "annotations (it must return the VM it was given, changed)", ident.namespace, ident.vm)
                 raise WorkstationError(
                     "This hub's modify_vm_hook did not return your workstation's machine, so nothing was created "
-                    "or changed. Tell your administrator; the hub's log says what it returned.", reason="vm-spec",
+                    "or changed. Tell your administrator; the hub's log says what it returned.", reason=Reason.VM_SPEC,
                     status_code=500)
             desired = changed
         try:
@@ -587,7 +588,7 @@ class Workstation:
         except (TypeError, ValueError):  # (a hook's value JSON has no form for)
             raise WorkstationError(
                 "This hub's modify_vm_hook gave your workstation's machine a value Kubernetes cannot take, so nothing "
-                "was created or changed. Tell your administrator.", reason="vm-spec", status_code=500) from None
+                "was created or changed. Tell your administrator.", reason=Reason.VM_SPEC, status_code=500) from None
         return desired
 
     def _kept_ours(self, ours: dict, changed) -> bool:
@@ -627,7 +628,7 @@ class Workstation:
                 raise WorkstationError(
                     f"The cluster refuses the machine this hub's settings make for you ({err.for_users}), so "
                     "nothing was created or changed. Tell your administrator (the profile, extra_vm_spec, "
-                    "extra_vm_template_spec or modify_vm_hook).", reason="vm-spec", status_code=500) from None
+                    "extra_vm_template_spec or modify_vm_hook).", reason=Reason.VM_SPEC, status_code=500) from None
             raise
 
     def _template_ops(self, vm: dict, desired: dict) -> list[dict]:
@@ -730,7 +731,7 @@ class Workstation:
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise WorkstationError(steps.timeout_message(self.settings.start_timeout), reason="timeout",
+                raise WorkstationError(steps.timeout_message(self.settings.start_timeout), reason=Reason.TIMEOUT,
                                        status_code=504)
             try:
                 # Woken by every change, and now and then without one: a stuck clone changes nothing.
@@ -852,10 +853,10 @@ class Workstation:
             try:
                 obj = m.virtual_machine_snapshot(self.ident, name, note)
             except ValueError as exc:
-                raise WorkstationError(str(exc), reason="bad-input", status_code=400) from None
+                raise WorkstationError(str(exc), reason=Reason.BAD_INPUT, status_code=400) from None
             if self.vm is None:
                 raise WorkstationError("Your workstation has no machine yet: start it once, then take snapshots.",
-                                       reason="no-machine", status_code=409)
+                                       reason=Reason.NO_MACHINE, status_code=409)
             if not (again and self._snapshot(name)):
                 try:
                     await self.kube.create(SNAPSHOT, obj)
@@ -865,7 +866,7 @@ class Workstation:
                         raise
                     if not again:
                         raise WorkstationError(f"A snapshot named {name} exists already; choose another name.",
-                                               reason="snapshot-exists", status_code=409) from None
+                                               reason=Reason.SNAPSHOT_EXISTS, status_code=409) from None
                     # an interrupted operation's snapshot: it must be this workstation's, or the
                     # operation would wait for it in vain
                     await self._existing_own(SNAPSHOT, obj, self.caches.snapshots)
@@ -881,11 +882,11 @@ class Workstation:
                 done = await self.caches.wait_for(finished, timeout, self.ident.namespace)
             except asyncio.TimeoutError:
                 raise WorkstationError(f"The snapshot {name} did not finish within {timeout:.0f} seconds; it may still. "
-                                       "Look at your snapshots again in a minute.", reason="timeout",
+                                       "Look at your snapshots again in a minute.", reason=Reason.TIMEOUT,
                                        status_code=504) from None
             if done["phase"] == "Failed":
                 raise WorkstationError(f"The snapshot {name} failed ({done['error'] or 'no reason given'}).",
-                                       reason="snapshot-failed", status_code=500)
+                                       reason=Reason.SNAPSHOT_FAILED, status_code=500)
             self.log.info("snapshot %s done (%s)", name, done["consistency"])
             return done
 
@@ -934,10 +935,10 @@ class Workstation:
         self._need(self.caches.snapshots)
         snap = self._snapshot(name)
         if snap is None:
-            raise WorkstationError(f"There is no snapshot named {name}.", reason="no-snapshot", status_code=404)
+            raise WorkstationError(f"There is no snapshot named {name}.", reason=Reason.NO_SNAPSHOT, status_code=404)
         if not snap["ready"]:
             raise WorkstationError(f"The snapshot {name} is not ready yet; try again when it is.",
-                                   reason="snapshot-not-ready", status_code=409)
+                                   reason=Reason.SNAPSHOT_NOT_READY, status_code=409)
         # An in-place restore puts back every volume the snapshot holds: shared data among them
         # would go back in time for everyone who uses it (KubeVirt snapshots a claim whose
         # StorageClass has a VolumeSnapshotClass).
@@ -946,7 +947,7 @@ class Workstation:
             raise WorkstationError(
                 f"The snapshot {name} also holds the shared data {', '.join(shared)}, which a restore would put back "
                 "as it was for everyone who uses it, so nothing was restored. Ask your administrator: shared data "
-                "belongs on a StorageClass without a VolumeSnapshotClass.", reason="snapshot-holds-shared-data",
+                "belongs on a StorageClass without a VolumeSnapshotClass.", reason=Reason.SNAPSHOT_HOLDS_SHARED_DATA,
                 status_code=409)
         return snap
 
@@ -960,7 +961,7 @@ class Workstation:
             snap = self.snapshot_for_restore(name)
             if self.status() != "stopped":
                 raise WorkstationError("Your workstation must be stopped to be restored; stop it first.",
-                                       reason="running", status_code=409)
+                                       reason=Reason.RUNNING, status_code=409)
             # In place, KubeVirt deletes the disks it replaces (pkg/storage/snapshot/restore.go):
             # their volumes go with them, so they are marked Delete first. From here every way out
             # (done, failed, timed out, refused, cancelled) gives the claims that are still there
@@ -1018,7 +1019,7 @@ class Workstation:
             if not await self._replaced_any(replaced):  # (KubeVirt may have gone on meanwhile)
                 return WorkstationError(f"Restoring the snapshot {name} did not work ({why}). It was cancelled before "
                                         "any disk was replaced: your workstation is as it was. Try again later; if it "
-                                        "fails again, ask your administrator.", reason="restore-failed",
+                                        "fails again, ask your administrator.", reason=Reason.RESTORE_FAILED,
                                         status_code=500)
             failed = True
         if failed:
@@ -1026,15 +1027,15 @@ class Workstation:
                 await self.kube.delete(k.RESTORE, ns, restore_name)
             if not await self._replaced_any(replaced):
                 return WorkstationError(f"Restoring the snapshot {name} failed ({why}); no disk was replaced: your "
-                                        "workstation is as it was.", reason="restore-failed", status_code=500)
+                                        "workstation is as it was.", reason=Reason.RESTORE_FAILED, status_code=500)
             return WorkstationError(f"Restoring the snapshot {name} failed ({why}) after some of your disks were "
                                     f"replaced; restore the snapshot {name} again to finish it before you start your "
-                                    "workstation.", reason="restore-failed", status_code=500)
+                                    "workstation.", reason=Reason.RESTORE_FAILED, status_code=500)
         return WorkstationError(
             f"Restoring the snapshot {name} stopped half-way ({why}). Your workstation cannot start until an "
             f"administrator fixes that so that VirtualMachineRestore {ns}/{restore_name} can finish (kubectl -n {ns} "
             f"describe virtualmachinerestore {restore_name}), or deletes it and restores the snapshot again.",
-            reason="restore-stuck", status_code=500)
+            reason=Reason.RESTORE_STUCK, status_code=500)
 
     async def _replaced_any(self, claims: list[dict]) -> bool:
         """Whether any of `claims` (as they were before the restore) is gone or going: read from the
@@ -1072,7 +1073,7 @@ class Workstation:
                     raise WorkstationError(
                         f"The volumes of your disks could not be set back to keep their data if their claims are "
                         f"deleted ({err.for_users}); ask your administrator to set persistentVolumeReclaimPolicy "
-                        f"to Retain on PersistentVolume {volumes}.", reason="reclaim-policy", status_code=500) from err
+                        f"to Retain on PersistentVolume {volumes}.", reason=Reason.RECLAIM_POLICY, status_code=500) from err
                 await asyncio.sleep(delay)
                 delay *= 2
 
@@ -1117,7 +1118,7 @@ class Workstation:
             self._refuse_foreign()
             if self.attached_elsewhere() or self.status() != "stopped":
                 raise WorkstationError("Your workstation must be stopped before its system disk is replaced.",
-                                       reason="running", status_code=409)
+                                       reason=Reason.RUNNING, status_code=409)
             ident = self.ident
             if self.rootdisk_pvc is not None:
                 await self.set_reclaim_policy([self.rootdisk_pvc])
@@ -1130,7 +1131,7 @@ class Workstation:
             except asyncio.TimeoutError:
                 raise WorkstationError(f"The old system disk was not gone within {timeout:.0f} seconds; ask your "
                                        f"administrator to look at PersistentVolumeClaim {ident.namespace}/"
-                                       f"{ident.rootdisk}.", reason="timeout", status_code=504) from None
+                                       f"{ident.rootdisk}.", reason=Reason.TIMEOUT, status_code=504) from None
 
     async def clone_root_disk(self, timeout: float = 900.0) -> dict:
         """A new system disk cloned from the golden image of the current settings (a reset), once
@@ -1149,7 +1150,7 @@ class Workstation:
             except asyncio.TimeoutError:
                 raise WorkstationError(f"The new system disk was not cloned within {timeout:.0f} seconds; it may "
                                        "still be. Start your workstation later, or ask your administrator.",
-                                       reason="timeout", status_code=504) from None
+                                       reason=Reason.TIMEOUT, status_code=504) from None
 
     async def delete_snapshot(self, name: str):
         with refusals_explained(self.log, "delete a snapshot"):
@@ -1158,7 +1159,7 @@ class Workstation:
             self._need(self.caches.snapshots)
             snap = self._snapshot(name)
             if snap is None or not await self.kube.delete(SNAPSHOT, self.ident.namespace, snap["object"]):
-                raise WorkstationError(f"There is no snapshot named {name}.", reason="no-snapshot", status_code=404)
+                raise WorkstationError(f"There is no snapshot named {name}.", reason=Reason.NO_SNAPSHOT, status_code=404)
             # Until the cache has seen the deletion, counts and listings would still show it.
             try:
                 await self.caches.wait_for(lambda: self._snapshot(name) is None, self.settings.stop_timeout,
@@ -1241,7 +1242,7 @@ class _StartSteps:
             raise WorkstationError(f"Cloning your system disk from {spec.golden_name} failed "
                                    f"({condition(dv, 'Running').get('message') or 'see the cluster events'}). "
                                    "Ask your administrator to check the golden image and storage.",
-                                   reason="clone-failed", status_code=500)
+                                   reason=Reason.CLONE_FAILED, status_code=500)
         if dv is not None and phase != "Succeeded":
             self.waiting_for = "the system disk clone to finish"
             if phase not in WAITING_FOR_CONSUMER:
@@ -1262,7 +1263,7 @@ class _StartSteps:
             self.start_seen = True
         elif self.start_seen:  # running was asked for, and now it is not: someone stopped it
             raise WorkstationError("Your workstation was stopped while it was starting. Start it again.",
-                                   reason="stopped-while-starting")
+                                   reason=Reason.STOPPED_WHILE_STARTING)
         vmi = ws.vmi
         if vmi is None or vmi["metadata"].get("deletionTimestamp"):
             self.waiting_for = "the virtual machine to be created"
@@ -1271,7 +1272,7 @@ class _StartSteps:
         vmi_phase = field_value(vmi, "status.phase")
         if vmi_phase in FINAL_PHASES:
             raise WorkstationError("Your workstation shut down while it was booting. Start it again; if it keeps "
-                                   "happening, ask your administrator.", reason="boot-failed", status_code=500)
+                                   "happening, ask your administrator.", reason=Reason.BOOT_FAILED, status_code=500)
         if ws.caches.on_unreachable_node(vmi):
             ws._refuse_double_attach()
         scheduled = condition(vmi, "PodScheduled")
@@ -1313,7 +1314,7 @@ class _StartSteps:
             if phase == "Failed":
                 why = condition(dv, "Running").get("message") or "see the cluster events"
                 raise WorkstationError(f"{what} failed ({why}). Ask your administrator to check the profile's extra "
-                                       "disks and the storage.", reason="clone-failed", status_code=500)
+                                       "disks and the storage.", reason=Reason.CLONE_FAILED, status_code=500)
             self.waiting_for = f"the extra disk {disk.name}"
             self.say(60, what)
             self._check_clone_moves(dv, name, what)
@@ -1338,7 +1339,7 @@ class _StartSteps:
         raise WorkstationError(
             f"{what} has made no progress for {stalled:.0f} seconds ({self._clone_trouble(dv, claim)}). Ask your "
             "administrator to check the golden image, the profile's disks and the storage.",
-            reason="clone-failed", status_code=500)
+            reason=Reason.CLONE_FAILED, status_code=500)
 
     def _clone_trouble(self, dv: dict, claim: str) -> str:
         """CDI's own words: the newest Warning about the disk, else a condition that is not True."""
@@ -1364,7 +1365,7 @@ class _StartSteps:
             self.waiting_for = f"a free {', '.join(short_of_gpu)}"
             if self.ws.settings.gpu_unavailable == "fail":
                 raise WorkstationError(f"No {', '.join(short_of_gpu)} is free right now ({message}). Try again "
-                                       "later or choose a profile without a GPU.", reason="gpu-unavailable",
+                                       "later or choose a profile without a GPU.", reason=Reason.GPU_UNAVAILABLE,
                                        status_code=503)
         else:
             text = f"Waiting for a node: {message}"

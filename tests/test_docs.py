@@ -1,6 +1,6 @@
 """The docs that come from the code (docs/generate.py): every setting a site configures has help
-text, and the committed configuration reference is what the code makes, so it cannot drift (as
-JupyterHub's docs/test_docs.py keeps its generated pages true)."""
+text, and the committed configuration reference and list of failures are what the code makes, so
+they cannot drift (as JupyterHub's docs/test_docs.py keeps its generated pages true)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def test_every_setting_has_help(generate):
     assert generate.missing_help() == []
 
 
-@pytest.mark.parametrize("page", ["configuration.md"])
+@pytest.mark.parametrize("page", ["configuration.md", "failures.md"])
 def test_the_generated_pages_are_what_the_code_makes(generate, page):
     assert (DOCS / page).read_text() == generate.PAGES[page](), \
         f"docs/{page} differs from the code: run `python docs/generate.py` and commit it"
@@ -40,3 +40,10 @@ def test_the_reference_names_every_setting_of_each_class(generate):
     for setting in ("termination_grace_period", "network_policy_ingress_from", "namespace_resource_quota",
                     "namespace_limit_range"):
         assert f"### `c.KubeVirtSpawner.{setting}`" in page
+
+
+def test_the_failures_page_lists_every_reason(generate):
+    from kubevirt_spawner.reasons import Reason
+    page = generate.failures()
+    for reason in Reason:
+        assert f"| `{reason.value}` | {reason.description} |" in page

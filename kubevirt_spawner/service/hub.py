@@ -11,6 +11,7 @@ from urllib.parse import quote
 
 import aiohttp
 
+from ..reasons import Reason
 from ..workstation import WorkstationError
 
 
@@ -107,7 +108,7 @@ class Hub:
         while not done(await self.server(user, server)):
             if asyncio.get_running_loop().time() > deadline:
                 raise WorkstationError(f"The hub did not {what} the workstation within {timeout:.0f} seconds; try "
-                                       "again later or ask your administrator.", reason="timeout", status_code=504)
+                                       "again later or ask your administrator.", reason=Reason.TIMEOUT, status_code=504)
             await asyncio.sleep(1.0)
 
     async def record_activity(self, user: str, server: str, until: datetime):
