@@ -89,13 +89,17 @@ class KubeError(Exception):
     jupyterhub_message: str | None = None
     logged = False  # the admin has been told already (a cache that may not be read says so once)
 
-    def __init__(self, status: int, reason: str, message: str, body: dict | None = None, request: str = ""):
+    def __init__(self, status: int, reason: str, message: str, body: dict | None = None, request: str = "",
+                 from_status: bool = True):
+        """`from_status`: the answer was the API server's Status (its message is the server's own
+        sentence); False for any other body (a proxy's HTML page), which no user reads."""
         super().__init__(status, reason, message)
         self.status = status
         self.reason = reason
         self.message = message
         self.body = body or {}
         self.request = request
+        self.from_status = from_status
 
     def __str__(self) -> str:
         where = f" ({self.request})" if self.request else ""
@@ -117,6 +121,9 @@ class KubeError(Exception):
             return "the cluster's API server could not be reached"
         if self.status >= 500:
             return "the cluster's API server did not complete the request"
+        if not self.from_status:  # (an HTML page from a proxy or a load balancer: not for users' eyes)
+            return (f"the cluster's API server, or a proxy in front of it, refused the request (HTTP {self.status}"
+                    f"{' ' + self.reason if self.reason else ''})")
         text = " ".join(_WEBHOOK_DENIED.sub("", self.message).split())
         return (text[:300].rstrip() + "...") if len(text) > 300 else (text or self.reason or f"HTTP {self.status}")
 
@@ -156,7 +163,10 @@ def _error_from(status: int, data: bytes, fallback: str = "", request: str = "")
         body = None
     if isinstance(body, dict) and body.get("kind") == "Status":
         return KubeError(status, body.get("reason", ""), body.get("message", text), body, request)
-    return KubeError(status, fallback, text.strip() or fallback, request=request)
+    # Not the API server's Status (a proxy's page): one line, bounded, for the admin's log only.
+    line = " ".join(text.split())
+    return KubeError(status, fallback, (line[:300] + "...") if len(line) > 300 else (line or fallback),
+                     request=request, from_status=False)
 
 
 def load_api_client(kubeconfig: str | None = None, context: str | None = None) -> client.ApiClient:

@@ -66,6 +66,20 @@ def test_a_refusal_in_words_a_user_may_read(status, message, words):
     assert k.KubeError(status, "", message).for_users == words
 
 
+def test_a_proxys_page_in_front_of_the_api_server_is_never_shown_to_users():
+    """A body that is not the API server's Status (an ingress's or an auth proxy's HTML page, say)
+    is one line in the admin's log and a fixed sentence for users, whatever its status."""
+    page = b"<html>\n<head><title>403 Forbidden</title></head>\n<body><center><h1>403 Forbidden</h1></center>" + \
+        b"<hr><center>nginx</center>" + b" " * 4000 + b"</body></html>"
+    err = k._error_from(403, page, "Forbidden", "POST /apis/cdi.kubevirt.io/v1beta1/namespaces/a/datavolumes")
+    assert err.for_users == "the cluster's API server, or a proxy in front of it, refused the request (HTTP 403 Forbidden)"
+    assert "\n" not in err.message and len(err.message) <= 303 and err.message.startswith("<html> <head>")
+    assert not err.permission_denied and not err.not_found
+    status = k._error_from(403, b'{"kind": "Status", "reason": "Forbidden", "message": "exceeded quota: disks"}',
+                           "Forbidden")
+    assert status.for_users == "exceeded quota: disks"
+
+
 def test_a_long_refusal_is_cut_for_users():
     said = k.KubeError(422, "Invalid", "x" * 1000).for_users
     assert len(said) == 303 and said.endswith("...")
