@@ -16,6 +16,10 @@ import base64
 import hashlib
 import logging
 import re
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .manifests import Identity
 
 # A DNS-1035 label (also a DNS-1123 label and a label value) without `--`: it starts with a
 # letter so every object name built from it (Services included) is valid.
@@ -75,7 +79,7 @@ def printable(text: object) -> str:
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
-def printable_args(args: tuple) -> tuple:
+def printable_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
     """Log arguments with every one but a number made `printable` (numbers keep %d and %f)."""
     return tuple(a if isinstance(a, (int, float)) or a is None else printable(a) for a in args)
 
@@ -89,7 +93,7 @@ class PrintableArgs(logging.Filter):
         return True
 
 
-def confine_log_arguments(log: logging.Logger | logging.LoggerAdapter):
+def confine_log_arguments(log: logging.Logger | logging.LoggerAdapter[Any]) -> None:
     """Every line `log` writes gets printable arguments (once, however often it is asked)."""
     logger = log
     while isinstance(logger, logging.LoggerAdapter):
@@ -133,7 +137,7 @@ DEFAULT_TEMPLATES = {
 
 
 def identity(user: str, server: str = "", templates: dict[str, str] | None = None,
-             settings: dict[str, str] | None = None, user_created: str = ""):
+             settings: dict[str, str] | None = None, user_created: str = "") -> "Identity":
     """The names of a new workstation's objects from the name templates ({user}, {server},
     {user_server}). `settings` maps each template to its configuration key, for error messages."""
     from .manifests import Identity  # names are the lower layer; Identity is only a record of them

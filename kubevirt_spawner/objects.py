@@ -5,14 +5,15 @@ from __future__ import annotations
 import copy
 import posixpath
 import re
+from typing import Any
 
 # Phases after which a VMI, a DataVolume or a snapshot changes no more.
 FINAL_PHASES = ("Succeeded", "Failed")
 
 
-def field_value(obj: dict | None, path: str):
+def field_value(obj: dict[str, Any] | None, path: str) -> Any:
     """The value at a dotted path such as `status.phase`, or None where any part is missing."""
-    cur = obj
+    cur: Any = obj
     for part in path.split("."):
         if not isinstance(cur, dict):
             return None
@@ -20,13 +21,13 @@ def field_value(obj: dict | None, path: str):
     return cur
 
 
-def merge_patch(target, patch):
+def merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7386, which is also KubeSpawner's rule for overrides and extra specs: objects merge key
     by key, None (null) removes a key, everything else (a list included) replaces. Neither
     argument changes."""
     if not isinstance(patch, dict):
         return copy.deepcopy(patch)
-    result = dict(target) if isinstance(target, dict) else {}
+    result: dict[str, Any] = dict(target) if isinstance(target, dict) else {}
     for key, value in patch.items():
         if value is None:
             result.pop(key, None)
@@ -35,7 +36,7 @@ def merge_patch(target, patch):
     return result
 
 
-def condition(obj: dict | None, ctype: str) -> dict:
+def condition(obj: dict[str, Any] | None, ctype: str) -> dict[str, Any]:
     """The status condition of that type, or {} when there is none."""
     return next((c for c in field_value(obj, "status.conditions") or [] if c.get("type") == ctype), {})
 
@@ -69,7 +70,7 @@ SYSTEM_PATHS = ("/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/li
 _MOUNT_PATH = re.compile(r"^(/[A-Za-z0-9._-]+)+$")
 
 
-def check_mount_path(path) -> str:
+def check_mount_path(path: Any) -> str:
     """A mount point for shared data or an extra disk, or ValueError with a sentence: absolute, plain (letters,
     digits, ., _ and -), normalised, and outside the system's directories."""
     if not isinstance(path, str) or not _MOUNT_PATH.match(path) or posixpath.normpath(path) != path \
