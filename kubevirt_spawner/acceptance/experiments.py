@@ -304,33 +304,42 @@ class Suite:
         """The test workstation's VMI runs on a node its VM selects, in the workstation pool."""
         if not self.has_cluster:
             raise Skip("Give --kubeconfig to see where the workstation runs.")
-        vm, vmi = await self.vm_and_vmi()
+        problem, figures = await self.misplaced(self.user, self.server)
+        figures["profile"] = self.o.profile or "default"
+        if problem:
+            return FAIL, problem, figures
+        return PASS, f"The workstation runs on {figures['node']}, a node of its profile's pool.", figures
+
+    async def misplaced(self, user: str, server: str) -> tuple[str | None, dict]:
+        """Why the running workstation's VMI is on the wrong node (None: it is not), and where it is."""
+        vm, vmi = await self.vm_and_vmi(user, server)
+        name = workstation_name(user, server)
         if vmi is None:
-            raise AcceptanceError("The workstation's VirtualMachineInstance is not there though the hub says it runs.")
+            raise AcceptanceError(f"The VirtualMachineInstance of {name} is not there though the hub says it runs.")
         node_name = (vmi.get("status") or {}).get("nodeName")
         node = next((n for n in await self.cluster.nodes() if n["metadata"]["name"] == node_name), None)
         labels = (node or {}).get("metadata", {}).get("labels") or {}
         selector = ((vm.get("spec") or {}).get("template") or {}).get("spec", {}).get("nodeSelector") or {}
-        figures = {"node": node_name, "nodeSelector": selector, "profile": self.o.profile or "default"}
+        figures: dict[str, Any] = {"node": node_name, "nodeSelector": selector}
         if node is None:
-            return FAIL, f"The workstation runs on {node_name}, which is not a node of the cluster.", figures
+            return f"{name} runs on {node_name}, which is not a node of the cluster.", figures
         unmet = {k: v for k, v in selector.items() if labels.get(k) != v}
         if unmet:
-            return FAIL, f"{node_name} does not carry the labels its VM selects: {unmet}.", figures
+            return f"{node_name} does not carry the labels the VM of {name} selects: {unmet}.", figures
         if labels.get(self.o.pool_label) != "true":
-            return FAIL, (f"The workstation runs on {node_name}, outside the workstation pools ({self.o.pool_label} is "
-                          "not true there): its profile selects no pool."), figures
+            return (f"{name} runs on {node_name}, outside the workstation pools ({self.o.pool_label} is not true "
+                    "there): its profile selects no pool."), figures
         devices = ((vm.get("spec") or {}).get("template") or {}).get("spec", {}).get("domain", {}).get("devices") or {}
         wants_gpus = bool(devices.get("gpus") or devices.get("hostDevices"))
         on_gpu_node = labels.get(self.o.accelerator_label) == "vfio"
         figures["pool"] = "GPU passthrough" if on_gpu_node else "CPU"
         if wants_gpus and not on_gpu_node:
-            return FAIL, f"A GPU workstation runs on {node_name}, which is not a VFIO node.", figures
+            return f"The GPU workstation {name} runs on {node_name}, which is not a VFIO node.", figures
         if on_gpu_node and not wants_gpus:
-            return FAIL, (f"A CPU workstation runs on the GPU node {node_name}, holding its CPUs and memory from the "
-                          f"GPU workstations: give CPU profiles a node affinity with {self.o.accelerator_label} "
-                          "DoesNotExist."), figures
-        return PASS, f"The workstation runs on {node_name}, a node of its profile's pool.", figures
+            return (f"The CPU workstation {name} runs on the GPU node {node_name}, holding its CPUs and memory from "
+                    f"the GPU workstations: give CPU profiles a node affinity with {self.o.accelerator_label} "
+                    "DoesNotExist."), figures
+        return None, figures
 
     async def vm_and_vmi(self, user: str | None = None, server: str | None = None) -> tuple[dict, dict | None]:
         user = self.user if user is None else user
@@ -855,11 +864,21 @@ class Suite:
         done = [t for t in times if not isinstance(t, str)]
         if done:
             figures["slowest seconds"] = max(done)
+        misplaced = []
+        if self.has_cluster:  # (each test VM on its profile's pool, not only the first)
+            for user, took in zip(users, times, strict=True):
+                if not isinstance(took, str):
+                    problem, where = await self.misplaced(user, "")
+                    figures[f"{user} node"] = where["node"]
+                    if problem:
+                        misplaced.append(problem)
         for user in users:
             with contextlib.suppress(AcceptanceError):
                 await self.t.stop(user, "", self.o.start_timeout)
         if failed:
             return FAIL, f"{len(failed)} of {len(users)} clones made at once did not start: {failed[0]}", figures
+        if misplaced:
+            return FAIL, f"A clone runs outside its profile's pool: {misplaced[0]}", figures
         return PASS, f"{len(users)} workstations cloned and started at once; the slowest took {max(done)} s.", figures
 
     async def node_loss(self):
