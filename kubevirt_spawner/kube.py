@@ -83,16 +83,24 @@ def json_pointer_token(key: str) -> str:
 
 
 class KubeError(Exception):
-    """A request the API server refused (or that never got an answer). `request` says which one;
-    `jupyterhub_message`, when set, is what JupyterHub shows a user whose start it ended."""
+    """A request the API server refused (or that never got an answer). `request` says which one.
 
-    jupyterhub_message: str | None = None
-    logged = False  # the admin has been told already (a cache that may not be read says so once)
+    `KubeError(status, ...)` is always the subclass for its status (`NotFound`, `Forbidden`,
+    `Conflict`, `TooManyRequests`, `ServerError`, `Unreachable`; other refusals, a 422 say, are
+    `KubeError` itself), so callers may catch a kind. An error is not changed once made: what a
+    caller learns (the admin was told; the sentence a user reads) goes into a copy (`again`)."""
+
+    def __new__(cls, status: int, *args: object, **kwargs: object) -> KubeError:
+        if cls is KubeError:
+            cls = _KINDS.get(status) or (ServerError if status >= 500 else KubeError)
+        return super().__new__(cls)
 
     def __init__(self, status: int, reason: str, message: str, body: dict | None = None, request: str = "",
-                 from_status: bool = True):
+                 from_status: bool = True, *, logged: bool = False, jupyterhub_message: str | None = None):
         """`from_status`: the answer was the API server's Status (its message is the server's own
-        sentence); False for any other body (a proxy's HTML page), which no user reads."""
+        sentence); False for any other body (a proxy's HTML page), which no user reads. `logged`: the
+        admin has been told already (a cache that may not be read says so once). `jupyterhub_message`,
+        when set, is what JupyterHub shows a user whose start it ended (handlers/base.py reads it)."""
         super().__init__(status, reason, message)
         self.status = status
         self.reason = reason
@@ -100,6 +108,23 @@ class KubeError(Exception):
         self.body = body or {}
         self.request = request
         self.from_status = from_status
+        self.logged = logged
+        self.jupyterhub_message = jupyterhub_message
+        self._made = True
+
+    def __setattr__(self, name: str, value: object) -> None:
+        # Made once, read by many (a cache hands the same refusal to every waiter). `reason` stays
+        # writable: JupyterHub labels a failed start's exception with it (user.py: e.reason = 'error').
+        if getattr(self, "_made", False) and name != "reason" and not name.startswith("__"):
+            raise AttributeError(f"a KubeError is not changed once made (not even {name}): raise err.again(...)")
+        super().__setattr__(name, value)
+
+    def again(self, *, logged: bool | None = None, jupyterhub_message: str | None = None) -> KubeError:
+        """The same refusal, made anew with what a caller adds: `logged` (the admin was told) or the
+        sentence a user reads."""
+        return KubeError(self.status, self.reason, self.message, self.body, self.request, self.from_status,
+                         logged=self.logged if logged is None else logged,
+                         jupyterhub_message=jupyterhub_message or self.jupyterhub_message)
 
     def __str__(self) -> str:
         where = f" ({self.request})" if self.request else ""
@@ -145,6 +170,34 @@ class KubeError(Exception):
             return bool(_AUTHORIZER_REFUSAL.search(self.message))
         return self.status == 422 and 'admission webhook "datavolume-mutate.cdi.kubevirt.io"' in self.message \
             and "insufficient permissions" in self.message
+
+
+class Unreachable(KubeError):
+    """No answer: the API server could not be reached, or the connection broke (status 0)."""
+
+
+class Forbidden(KubeError):
+    """403: the authorizer's refusal, or a quota, or a namespace being deleted (see `permission_denied`)."""
+
+
+class NotFound(KubeError):
+    """404: the object, or the kind (an API the cluster does not serve)."""
+
+
+class Conflict(KubeError):
+    """409: the object exists already, its resourceVersion changed, or a subresource's state refuses."""
+
+
+class TooManyRequests(KubeError):
+    """429: API priority and fairness, or an eviction a disruption budget refuses."""
+
+
+class ServerError(KubeError):
+    """5xx: the API server, a webhook behind it, or a proxy in front of it failed."""
+
+
+_KINDS: dict[int, type[KubeError]] = {0: Unreachable, 403: Forbidden, 404: NotFound, 409: Conflict,
+                                      429: TooManyRequests}
 
 
 def _seconds(header: str | None) -> float:
@@ -298,6 +351,7 @@ class Kube:
                        repeatable: bool) -> dict | None:
         deadline = time.monotonic() + self.retry_timeout
         attempt = 0
+        request = f"{method} {path}"
         while True:
             attempt += 1
             retry_after = 0.0
@@ -310,11 +364,11 @@ class Kube:
                         return orjson.loads(data)
                     except ValueError:
                         return None
-                err = _error_from(status, data, reason)
+                err = _error_from(status, data, reason, request)
                 retry_after = _seconds(retry_header)
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-                err = KubeError(0, "ConnectionError", f"cannot reach the API server: {exc or type(exc).__name__}")
-            err.request = f"{method} {path}"
+                err = KubeError(0, "ConnectionError", f"cannot reach the API server: {exc or type(exc).__name__}",
+                                request=request)
             if err.status == 401 and self._auth[0] and attempt == 1:
                 self._auth = (0.0, {})  # the token was rotated since it was read: read it again, once
                 continue

@@ -211,8 +211,7 @@ class Reflector:
                     if not told:  # once, not at every retry
                         self._log_refusal(err)
                         told = True
-                    err.logged = True
-                    self._forbid(err)
+                    self._forbid(err.again(logged=True))
                     await asyncio.sleep(300 if self.optional else 60)
                     continue
                 self._failed(err)
@@ -614,9 +613,7 @@ class Caches:
                 return result
             refusal = self.refusal_for(namespace)
             if refusal is not None:
-                err = k.KubeError(refusal.status, refusal.reason, refusal.message, refusal.body, refusal.request)
-                err.logged = True  # the cache's own line told the admin
-                raise err
+                raise refusal.again(logged=True)  # a new one each time (the cache's own line told the admin)
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 raise asyncio.TimeoutError()

@@ -150,7 +150,6 @@ def refusals_explained(log: logging.Logger | logging.LoggerAdapter, doing: str):
         if not err.logged:
             log.error("permission missing: the cluster refused %s: %s. Grant it to the hub's ServiceAccount "
                       "(see deploy/rbac/).", err.request or "a request", err.message)
-            err.logged = True
         raise WorkstationError(
             f"Your workstation could not {doing}: the hub is not allowed to do part of it on the cluster. "
             "Tell your administrator; the hub's log names the missing permission.",
@@ -298,8 +297,9 @@ class Workstation:
                 # Not the user's to act on, so not a SpawnException: JupyterHub logs the traceback and
                 # counts an error. The user reads one sentence.
                 if isinstance(exc, k.KubeError) and not exc.permission_denied:
-                    exc.jupyterhub_message = (f"The cluster refused to start your workstation ({exc.for_users}). Try "
-                                              "again in a minute; if it keeps failing, tell your administrator.")
+                    raise exc.again(jupyterhub_message=(
+                        f"The cluster refused to start your workstation ({exc.for_users}). Try again in a minute; "
+                        "if it keeps failing, tell your administrator.")) from exc
                 raise
             finally:
                 self.settings.clone_gate.release((self.ident.namespace, self.ident.rootdisk))
@@ -815,9 +815,7 @@ class Workstation:
         namespace) ends the operation."""
         refusal = cache.refusal_in(self.ident.namespace)
         if refusal is not None:
-            err = k.KubeError(refusal.status, refusal.reason, refusal.message, refusal.body, refusal.request)
-            err.logged = True  # the cache said so when it was refused
-            raise err
+            raise refusal.again(logged=True)  # the cache said so when it was refused
 
     def _own(self, obj: dict) -> bool:
         return self._mine(obj) is not None

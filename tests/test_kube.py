@@ -80,6 +80,37 @@ def test_a_proxys_page_in_front_of_the_api_server_is_never_shown_to_users():
     assert status.for_users == "exceeded quota: disks"
 
 
+@pytest.mark.parametrize(("status", "kind"), [
+    (0, k.Unreachable), (403, k.Forbidden), (404, k.NotFound), (409, k.Conflict), (429, k.TooManyRequests),
+    (500, k.ServerError), (502, k.ServerError), (504, k.ServerError), (422, k.KubeError), (410, k.KubeError),
+])
+def test_an_error_is_the_kind_of_its_status(status, kind):
+    err = k.KubeError(status, "", "said")
+    assert type(err) is kind and isinstance(err, k.KubeError)
+    assert type(k._error_from(status, b"<html></html>", "Bad")) is kind
+    assert type(err.again(logged=True)) is kind
+
+
+def test_an_error_is_not_changed_once_made_only_copied():
+    """A cache hands the same refusal to every waiter: nobody may change it under the others. What a
+    caller adds goes into a copy; `reason` stays writable because JupyterHub labels a failed start's
+    exception with it (jupyterhub/user.py, User.spawn: e.reason = 'error')."""
+    err = k.KubeError(403, "Forbidden", 'User "x" cannot list resource "pods"', request="GET /api/v1/pods")
+    for name, value in (("logged", True), ("jupyterhub_message", "hi"), ("message", "other"), ("status", 500)):
+        with pytest.raises(AttributeError, match="not changed once made"):
+            setattr(err, name, value)
+    told = err.again(logged=True)
+    assert told.logged and not err.logged
+    said = told.again(jupyterhub_message="The cluster refused.")
+    assert said.logged and said.jupyterhub_message == "The cluster refused." and err.jupyterhub_message is None
+    assert (said.status, said.reason, said.message, said.request) == (403, "Forbidden", err.message, err.request)
+    err.reason = "error"
+    try:
+        raise said from err
+    except k.KubeError as caught:
+        assert caught.__cause__ is err
+
+
 def test_a_long_refusal_is_cut_for_users():
     said = k.KubeError(422, "Invalid", "x" * 1000).for_users
     assert len(said) == 303 and said.endswith("...")

@@ -88,6 +88,14 @@ def too_many_requests(message: str = "Too many requests, please try again later.
     return ApiError(429, "TooManyRequests", message, {"retryAfterSeconds": 1}, headers={"Retry-After": "1"})
 
 
+def proxy_page(code: int, title: str) -> ApiError:
+    """Not the API server's answer: the HTML page a reverse proxy or load balancer in front of it
+    sends (nginx's error page) when the API server is down or slow."""
+    page = (f"<html>\r\n<head><title>{code} {title}</title></head>\r\n<body>\r\n<center><h1>{code} {title}</h1>"
+            "</center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n")
+    return ApiError(code, title.replace(" ", ""), page, plain=True, headers={"Content-Type": "text/html"})
+
+
 def method_not_allowed(message: str = "the server does not allow this method on the requested resource") -> ApiError:
     return ApiError(405, "MethodNotAllowed", message)
 

@@ -119,8 +119,9 @@ class Faults:
             if method == "PUT":
                 rate = float(body.get("rate", 0))
                 code = int(body.get("code", 500))
-                if code not in (429, 500) or not 0 <= rate <= 1:
-                    raise errors.bad_request("rate must be within 0..1 and code 429 or 500")
+                if code not in (429, 500, 502) or not 0 <= rate <= 1:
+                    raise errors.bad_request("rate must be within 0..1 and code 429, 500 or 502 (a proxy's "
+                                             "HTML page)")
                 self.api.set(body.get("verb", "*"), body.get("resource", "*"), rate, code)
                 return {"rules": self._rules()}
             if method == "DELETE":

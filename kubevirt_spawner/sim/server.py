@@ -72,7 +72,8 @@ class ApiHandler(tornado.web.RequestHandler):
         for k, v in err.headers.items():
             self.set_header(k, v)
         if err.plain:
-            self.set_header("Content-Type", "text/plain; charset=utf-8")
+            if "Content-Type" not in err.headers:
+                self.set_header("Content-Type", "text/plain; charset=utf-8")
             self.finish(err.message)
         else:
             self.set_header("Content-Type", "application/json")
@@ -571,7 +572,8 @@ def _prune(obj: dict, paths: list[str]) -> dict:
 
 
 class FaultPicker:
-    """Injected API error rates: {verb: {resource: {"rate": 0.5, "code": 500}}}."""
+    """Injected API error rates: {verb: {resource: {"rate": 0.5, "code": 500}}}. 502 is not the API
+    server's answer but a proxy's in front of it: an HTML page, not a Status."""
 
     def __init__(self):
         self.rules: dict[tuple[str, str], tuple[float, int]] = {}
@@ -588,6 +590,8 @@ class FaultPicker:
         if rule and self.random.random() < rule[0]:
             if rule[1] == 429:
                 raise errors.too_many_requests()
+            if rule[1] == 502:
+                raise errors.proxy_page(502, "Bad Gateway")
             raise errors.internal("injected fault: etcdserver: request timed out")
 
 

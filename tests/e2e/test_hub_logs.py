@@ -97,8 +97,32 @@ def test_an_internal_error_keeps_its_traceback_and_the_user_reads_one_sentence(h
     assert "Unhandled error starting pia's server: " in log
     tail = log[log.index("Unhandled error starting pia's server"):]
     assert "Traceback (most recent call last)" in tail, tail
-    assert "KubeError: 500 InternalError: Internal error occurred: injected fault: etcdserver: request timed out " \
+    assert "ServerError: 500 InternalError: Internal error occurred: injected fault: etcdserver: request timed out " \
            "(POST /apis/cdi.kubevirt.io/v1beta1/namespaces/notebook-pia/datavolumes)" in tail, tail
+
+
+def test_a_proxys_html_page_during_a_start_is_one_sentence_for_the_user(hub, cluster):
+    """A reverse proxy in front of the API server answers its own HTML page (nginx's 502) while a
+    start creates the system disk: the user reads one sentence, never the page; the admin's log has
+    the request and the page on one bounded line. (The client retries 5xx like client-go's
+    rest/request.go until k8s_api_retry_timeout.)"""
+    offset = len(hub.log())
+    cluster.sim_api("PUT", "/faults/api", {"verb": "create", "resource": "datavolumes", "rate": 1, "code": 502})
+    try:
+        r = hub.request_start("pim")
+        assert r.status_code in (202, 500), r.text
+        message = wait_failed(hub, "pim")
+    finally:
+        cluster.sim_api("DELETE", "/faults/api")
+    assert message == ("Spawn failed: The cluster refused to start your workstation (the cluster's API server did "
+                       "not complete the request). Try again in a minute; if it keeps failing, tell your "
+                       "administrator."), message
+    tail = log_since(hub, offset)
+    tail = tail[tail.index("Unhandled error starting pim's server"):]
+    assert "ServerError: 502 Bad Gateway: <html> <head><title>502 Bad Gateway</title></head> <body> <center><h1>502 " \
+        "Bad Gateway</h1></center> <hr><center>nginx</center> </body> </html> (POST /apis/cdi.kubevirt.io/v1beta1/" \
+        "namespaces/notebook-pim/datavolumes)" in tail, tail
+    wait_for(lambda: cluster.vmi("notebook-pim", "pim-workstation") is None, 30, what="nothing left running")
 
 
 def test_a_missing_permission_is_one_admin_line_and_one_user_sentence(hub, cluster):
