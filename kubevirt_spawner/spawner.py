@@ -1,4 +1,4 @@
-"""KubeVirtSpawner: JupyterHub's Spawner API on top of `workstation.py`.
+"""KubeVirtSpawner: JupyterHub's Spawner API on top of `workstation/`.
 
 Configuration (traitlets) and the JupyterHub hooks only; the lifecycle lives in `Workstation`.
 """
