@@ -19,7 +19,7 @@ import ssl
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Sequence
 from urllib.parse import quote
 
 import aiohttp
@@ -70,6 +70,7 @@ VM_SUBRESOURCES = Kind("VirtualMachine", "subresources.kubevirt.io", "v1", "virt
 VMI_SUBRESOURCES = Kind("VirtualMachineInstance", "subresources.kubevirt.io", "v1", "virtualmachineinstances")
 VOLUME_SNAPSHOT = Kind("VolumeSnapshot", "snapshot.storage.k8s.io", "v1", "volumesnapshots")
 
+Log = logging.Logger | logging.LoggerAdapter[logging.Logger]  # the hub's logger, or an adapter of it
 RETRY_STATUS = {429, 500, 502, 503, 504}
 AUTH_REFRESH_SECONDS = 30.0
 _WEBHOOK_UNREACHABLE = re.compile(r'failed calling webhook "([^"]+)"')
@@ -95,7 +96,7 @@ class KubeError(Exception):
             cls = _KINDS.get(status) or (ServerError if status >= 500 else KubeError)
         return super().__new__(cls)
 
-    def __init__(self, status: int, reason: str, message: str, body: dict | None = None, request: str = "",
+    def __init__(self, status: int, reason: str, message: str, body: dict[str, Any] | None = None, request: str = "",
                  from_status: bool = True, *, logged: bool = False, jupyterhub_message: str | None = None):
         """`from_status`: the answer was the API server's Status (its message is the server's own
         sentence); False for any other body (a proxy's HTML page), which no user reads. `logged`: the
@@ -200,6 +201,13 @@ _KINDS: dict[int, type[KubeError]] = {0: Unreachable, 403: Forbidden, 404: NotFo
                                       429: TooManyRequests}
 
 
+def _object(answer: dict[str, Any] | None, method: str, path: str) -> dict[str, Any]:
+    """The object a write or a list answers with: an answer without one is the server's failure."""
+    if answer is None:
+        raise KubeError(500, "InternalError", "the API server answered without an object", request=f"{method} {path}")
+    return answer
+
+
 def _seconds(header: str | None) -> float:
     """A Retry-After header in seconds (the API server sends whole seconds); 0 when absent."""
     try:
@@ -235,7 +243,7 @@ def load_api_client(kubeconfig: str | None = None, context: str | None = None) -
     return client.ApiClient(cfg)
 
 
-def raise_open_files_limit(log: logging.Logger | logging.LoggerAdapter):
+def raise_open_files_limit(log: Log) -> None:
     """Raise this process's soft limit of open files to its hard limit, as Go programs do at start
     (os/rlimit.go): each watch holds a connection, seven per watched namespace, and a container's
     soft limit may be 1024 (containerd 2's default) while its hard limit is far higher."""
@@ -265,7 +273,7 @@ def ssl_context(cfg: client.Configuration) -> ssl.SSLContext | bool:
     return context
 
 
-def proxy_settings(cfg: client.Configuration) -> dict:
+def proxy_settings(cfg: client.Configuration) -> dict[str, Any]:
     """The proxy arguments of a request to the API server, as the official client chooses them."""
     if not cfg.proxy or should_bypass_proxies(cfg.host, cfg.no_proxy or ""):
         return {}
@@ -279,7 +287,7 @@ class Kube:
     """Requests and watches on the event loop (aiohttp): no threads, so nothing of the spawner
     competes with the hub's loop for the interpreter; credentials are refreshed off the loop."""
 
-    def __init__(self, api_client: client.ApiClient, log: logging.Logger | logging.LoggerAdapter,
+    def __init__(self, api_client: client.ApiClient, log: Log,
                  request_timeout: float = 30.0, retry_timeout: float = 60.0):
         self.api = api_client
         self.log = log
@@ -329,14 +337,14 @@ class Kube:
         self._auth = (time.monotonic(), headers)
         return headers
 
-    def _options(self, headers: dict, timeout: aiohttp.ClientTimeout) -> dict:
+    def _options(self, headers: dict[str, Any], timeout: aiohttp.ClientTimeout) -> dict[str, Any]:
         options = {"headers": headers, "timeout": timeout, "allow_redirects": False, **self._proxy}
         if self._server_hostname:
             options["server_hostname"] = self._server_hostname
         return options
 
-    async def _exchange(self, method: str, path: str, query: dict | None, body, content_type: str | None
-                        ) -> tuple[int, bytes, str, str | None]:
+    async def _exchange(self, method: str, path: str, query: dict[str, Any] | None, body: object,
+                        content_type: str | None) -> tuple[int, bytes, str, str | None]:
         headers = dict(await self._auth_headers())
         data = None
         if body is not None:
@@ -347,8 +355,9 @@ class Kube:
                 **self._options(headers, aiohttp.ClientTimeout(total=self.request_timeout))) as resp:
             return resp.status, await resp.read(), resp.reason or "", resp.headers.get("Retry-After")
 
-    async def _request(self, method: str, path: str, query: dict | None, body, content_type: str | None,
-                       repeatable: bool) -> dict | None:
+    async def _request(self, method: str, path: str, query: dict[str, Any] | None, body: object,
+                       content_type: str | None,
+                       repeatable: bool) -> dict[str, Any] | None:
         deadline = time.monotonic() + self.retry_timeout
         attempt = 0
         request = f"{method} {path}"
@@ -361,9 +370,10 @@ class Kube:
                     if not data:
                         return None
                     try:
-                        return orjson.loads(data)
+                        answer = orjson.loads(data)
                     except ValueError:
                         return None
+                    return answer if isinstance(answer, dict) else None  # (the API answers with objects)
                 err = _error_from(status, data, reason, request)
                 retry_after = _seconds(retry_header)
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
@@ -380,7 +390,7 @@ class Kube:
             self.log.info("%s %s failed (%s); retry %d in %.1fs", method, path, err, attempt, delay)
             await asyncio.sleep(delay)
 
-    async def watch(self, path: str, query: dict, read_timeout: float) -> AsyncIterator[list[dict]]:
+    async def watch(self, path: str, query: dict[str, Any], read_timeout: float) -> AsyncIterator[list[dict[str, Any]]]:
         """A watch: the events of each piece the server sends (one per line), decoded, in order; a
         storm of changes arrives in few pieces. Errors surface as KubeError."""
         request = f"WATCH {path}"
@@ -405,8 +415,8 @@ class Kube:
                             request=request) from None
 
     # ------------------------------------------------------------ async API
-    async def call(self, method: str, path: str, query: dict | None = None, body=None,
-                   content_type: str | None = None, repeatable: bool = True):
+    async def call(self, method: str, path: str, query: dict[str, Any] | None = None, body: object = None,
+                   content_type: str | None = None, repeatable: bool = True) -> dict[str, Any] | None:
         """One API call with retries, with backoff and as long as `retry_timeout` allows, on 429
         (after the server's Retry-After at least) and, for a `repeatable` call, on 5xx and
         connection errors; the answer's JSON or None. A call that must not happen twice (a restart)
@@ -420,7 +430,7 @@ class Kube:
             await asyncio.wait([task])
             raise
 
-    async def get(self, kind: Kind, namespace: str | None, name: str) -> dict | None:
+    async def get(self, kind: Kind, namespace: str | None, name: str) -> dict[str, Any] | None:
         """The object, or None when it does not exist."""
         try:
             return await self.call("GET", kind.path(namespace, name))
@@ -430,24 +440,29 @@ class Kube:
             raise
 
     async def list(self, kind: Kind, namespace: str | None = None, label_selector: str | None = None,
-                   field_selector: str | None = None) -> dict:
+                   field_selector: str | None = None) -> dict[str, Any]:
         query = {"labelSelector": label_selector, "fieldSelector": field_selector}
-        return await self.call("GET", kind.path(namespace), {k: v for k, v in query.items() if v} or None)
+        return _object(await self.call("GET", kind.path(namespace), {k: v for k, v in query.items() if v} or None),
+                       "GET", kind.path(namespace))
 
-    async def create(self, kind: Kind, obj: dict, query: dict | None = None) -> dict:
-        return await self.call("POST", kind.path(obj["metadata"].get("namespace")), query, obj)
+    async def create(self, kind: Kind, obj: dict[str, Any], query: dict[str, Any] | None = None) -> dict[str, Any]:
+        path = kind.path(obj["metadata"].get("namespace"))
+        return _object(await self.call("POST", path, query, obj), "POST", path)
 
-    async def replace(self, kind: Kind, obj: dict) -> dict:
+    async def replace(self, kind: Kind, obj: dict[str, Any]) -> dict[str, Any]:
         meta = obj["metadata"]
-        return await self.call("PUT", kind.path(meta.get("namespace"), meta["name"]), None, obj)
+        path = kind.path(meta.get("namespace"), meta["name"])
+        return _object(await self.call("PUT", path, None, obj), "PUT", path)
 
-    async def patch(self, kind: Kind, namespace: str | None, name: str, patch: dict) -> dict:
-        return await self.call("PATCH", kind.path(namespace, name), None, patch, "application/merge-patch+json")
+    async def patch(self, kind: Kind, namespace: str | None, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        path = kind.path(namespace, name)
+        return _object(await self.call("PATCH", path, None, patch, "application/merge-patch+json"), "PATCH", path)
 
-    async def json_patch(self, kind: Kind, namespace: str | None, name: str, ops: Sequence[dict],
-                         query: dict | None = None) -> dict:
+    async def json_patch(self, kind: Kind, namespace: str | None, name: str, ops: Sequence[dict[str, Any]],
+                         query: dict[str, Any] | None = None) -> dict[str, Any]:
         """An RFC 6902 patch: unlike a merge patch, `replace` drops what the new value leaves out."""
-        return await self.call("PATCH", kind.path(namespace, name), query, ops, "application/json-patch+json")
+        path = kind.path(namespace, name)
+        return _object(await self.call("PATCH", path, query, ops, "application/json-patch+json"), "PATCH", path)
 
     async def delete(self, kind: Kind, namespace: str | None, name: str) -> bool:
         """Delete; False when it was already gone."""
@@ -459,20 +474,20 @@ class Kube:
                 return False
             raise
 
-    async def vm_action(self, namespace: str, name: str, action: str, body: dict | None = None):
+    async def vm_action(self, namespace: str, name: str, action: str, body: dict[str, Any] | None = None) -> None:
         """KubeVirt's start/stop/restart subresource calls (PUT, answered with 202). Start and stop
         may be sent again (a second one is refused with 409, which callers expect); a restart that
         may have landed must not be: it would restart the machine twice."""
         await self.call("PUT", VM_SUBRESOURCES.path(namespace, name, action), None, body or {},
                         repeatable=action != "restart")
 
-    async def aclose(self):
+    async def aclose(self) -> None:
         self._closed = True
         for session in self._sessions.values():
             await session.close()
         self._refresher.shutdown(wait=False, cancel_futures=True)
 
-    def close(self):
+    def close(self) -> None:
         """Stop retrying; the connections close with their loop (or `aclose()` on it)."""
         self._closed = True
         self._refresher.shutdown(wait=False, cancel_futures=True)

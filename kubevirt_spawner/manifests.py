@@ -11,13 +11,12 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
+from typing import Any, Iterable
 
 import yaml
 
 from .objects import (
     ARGS_KEY,
-    ENV_DISK_SERIAL,
-    EXTRA_DISK_PREFIX,
     EXTRA_DISKS_ENV,
     ROOT_DISK_SERIAL,
     SCRATCH_DISK_SERIAL,
@@ -27,6 +26,8 @@ from .objects import (
     check_mount_path,
     merge_patch,
 )
+from .objects import ENV_DISK_SERIAL as ENV_DISK_SERIAL  # re-exported: the hub reads it here too
+from .objects import EXTRA_DISK_PREFIX as EXTRA_DISK_PREFIX  # re-exported: the hub reads it here too
 from .quantity import parse_quantity
 
 MANAGED_BY = "kubevirt-spawner"
@@ -71,11 +72,11 @@ class Identity:
     service: str
     user_created: str = ""  # the account's creation time (JupyterHub's user.created), when known
 
-    def to_state(self) -> dict:
+    def to_state(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
     @classmethod
-    def from_state(cls, state: dict) -> "Identity":
+    def from_state(cls, state: dict[str, Any]) -> "Identity":
         return cls(**{k: state[k] for k in cls.__dataclass_fields__ if k in state})  # (older states lack user_created)
 
 
@@ -99,22 +100,23 @@ _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 SHARED_DATA_KEYS = {"name", "claim", "mount_path", "read_only"}
 
 
-def _check_entry(item, keys: set[str], needed: str, what: str) -> None:
-    """One entry of a list setting is a dict of known keys, or ValueError with a sentence."""
+def _check_entry(item: object, keys: set[str], needed: str, what: str) -> dict[str, Any]:
+    """One entry of a list setting: a dict of known keys, or ValueError with a sentence."""
     if not isinstance(item, dict):
         raise ValueError(f"{item!r} is not a dict with {needed}")
     unknown = sorted(set(item) - keys)
     if unknown:
         raise ValueError(f"{item!r}: unknown keys {', '.join(map(str, unknown))}; {what} has "
                          f"{', '.join(sorted(keys))}")
+    return item
 
 
-def shared_data(items) -> tuple[SharedData, ...]:
+def shared_data(items: Iterable[object]) -> tuple[SharedData, ...]:
     """The shared data of a setting such as `[{"claim": "datasets", "mount_path": "/data/datasets",
     "read_only": True}]` (`name` defaults to the claim's), or ValueError with a sentence."""
     out: list[SharedData] = []
-    for item in items or ():
-        _check_entry(item, SHARED_DATA_KEYS, "claim, mount_path and read_only", "a shared data entry")
+    for entry in items or ():
+        item = _check_entry(entry, SHARED_DATA_KEYS, "claim, mount_path and read_only", "a shared data entry")
         claim = item.get("claim")
         if not isinstance(claim, str) or len(claim) > 253 or not _DNS_SUBDOMAIN.match(claim):
             raise ValueError(f"{item!r}: claim must be the name of a PersistentVolumeClaim of the workstation's "
@@ -163,13 +165,13 @@ EXTRA_DISK_NAME_MAX = 20 - len(EXTRA_DISK_PREFIX)
 EXTRA_DISK_KEYS = {"name", "size", "mount_path", "storage_class", "clone_from"}
 
 
-def extra_disks(items) -> tuple[ExtraDisk, ...]:
+def extra_disks(items: Iterable[object]) -> tuple[ExtraDisk, ...]:
     """The extra disks of a setting such as `[{"name": "models", "size": "200Gi", "mount_path":
     "/data/models"}]` (optional `storage_class`, and `clone_from` NAMESPACE/NAME for a disk that
     starts as a copy of a prepared claim), or ValueError with a sentence."""
     out: list[ExtraDisk] = []
-    for item in items or ():
-        _check_entry(item, EXTRA_DISK_KEYS, "name, size and mount_path", "an extra disk")
+    for entry in items or ():
+        item = _check_entry(entry, EXTRA_DISK_KEYS, "name, size and mount_path", "an extra disk")
         name = item.get("name")
         if not isinstance(name, str) or len(name) > EXTRA_DISK_NAME_MAX or not _DNS_LABEL.match(name):
             raise ValueError(f"{item!r}: name must be 1 to {EXTRA_DISK_NAME_MAX} lower-case letters, digits and "
@@ -220,9 +222,9 @@ class MachineSpec:
     memory_limit: str | None = None
     memory_guest: str | None = None
     gpus: tuple[tuple[str, int], ...] = ()
-    node_selector: dict = field(default_factory=dict)
-    tolerations: tuple = ()
-    affinity: dict | None = None
+    node_selector: dict[str, Any] = field(default_factory=dict)
+    tolerations: tuple[Any, ...] = ()
+    affinity: dict[str, Any] | None = None
     golden_image: str = "vm-images/ubuntu-24-04-cuda-golden"
     root_disk_size: str = "60Gi"
     storage_class: str = "ceph-rbd"
@@ -237,12 +239,12 @@ class MachineSpec:
     profile: str = ""
     profile_version: str = ""
     profile_options: str = ""  # the user's choices in the profile, as JSON (profiles.Selection.options)
-    extra_labels: dict = field(default_factory=dict)
-    extra_annotations: dict = field(default_factory=dict)
+    extra_labels: dict[str, Any] = field(default_factory=dict)
+    extra_annotations: dict[str, Any] = field(default_factory=dict)
     priority_class: str = ""  # the machine's PriorityClass (the launcher pod's priority)
     # the admin's own fields, merge_patch in last (maps merge, lists replace, None removes a key)
-    extra_spec: dict = field(default_factory=dict)  # into the VM's spec
-    extra_template_spec: dict = field(default_factory=dict)  # into its template's spec
+    extra_spec: dict[str, Any] = field(default_factory=dict)  # into the VM's spec
+    extra_template_spec: dict[str, Any] = field(default_factory=dict)  # into its template's spec
 
     @property
     def golden_namespace(self) -> str:
@@ -253,12 +255,12 @@ class MachineSpec:
         return self.golden_image.split("/", 1)[1]
 
 
-def vmi_selector(ident: Identity) -> dict:
+def vmi_selector(ident: Identity) -> dict[str, Any]:
     """Labels that pick out the running machine (the VMI and its virt-launcher pod) only."""
     return {LABEL_WORKSTATION: ident.slug, LABEL_COMPONENT: "workstation"}
 
 
-def labels(ident: Identity, component: str, spec: MachineSpec | None = None) -> dict:
+def labels(ident: Identity, component: str, spec: MachineSpec | None = None) -> dict[str, Any]:
     out = dict(spec.extra_labels) if spec else {}
     out.update({"app.kubernetes.io/managed-by": MANAGED_BY, "app.kubernetes.io/component": component,
                 LABEL_WORKSTATION: ident.slug, LABEL_USER: ident.user_slug, LABEL_COMPONENT: component})
@@ -267,7 +269,7 @@ def labels(ident: Identity, component: str, spec: MachineSpec | None = None) -> 
     return out
 
 
-def identity_annotations(ident: Identity, spec: MachineSpec | None = None) -> dict:
+def identity_annotations(ident: Identity, spec: MachineSpec | None = None) -> dict[str, Any]:
     out = dict(spec.extra_annotations) if spec else {}
     out[ANNOTATION_USERNAME] = ident.user
     if ident.server:
@@ -277,7 +279,7 @@ def identity_annotations(ident: Identity, spec: MachineSpec | None = None) -> di
     return out
 
 
-def belongs_to(obj: dict | None, user: str, server: str) -> bool:
+def belongs_to(obj: dict[str, Any] | None, user: str, server: str) -> bool:
     """Whether `obj` is the workstation of `user`'s server `server` by the raw names it carries. Its
     name and slug labels are not enough: a slug is a hash, which a chosen user name can make collide."""
     if obj is None:
@@ -286,7 +288,7 @@ def belongs_to(obj: dict | None, user: str, server: str) -> bool:
     return annotations.get(ANNOTATION_USERNAME) == user and annotations.get(ANNOTATION_SERVERNAME, "") == server
 
 
-def _meta(ident: Identity, name: str, component: str, spec: MachineSpec | None = None, **extra) -> dict:
+def _meta(ident: Identity, name: str, component: str, spec: MachineSpec | None = None, **extra: str) -> dict[str, Any]:
     return {"name": name, "namespace": ident.namespace, "labels": labels(ident, component, spec),
             "annotations": {**identity_annotations(ident, spec), **extra}}
 
@@ -298,7 +300,7 @@ _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 OWN_NAMESPACE_KEYS = ("app.kubernetes.io/managed-by", LABEL_PREFIX)  # the project's: never the admin's
 
 
-def namespace_metadata(what: str, items: dict, user_slug: str, labels: bool) -> dict[str, str]:
+def namespace_metadata(what: str, items: dict[str, Any], user_slug: str, labels: bool) -> dict[str, str]:
     """An admin's namespace labels or annotations with {user} (the user's slug) filled in, or
     ValueError with a sentence naming the setting and the entry."""
     out = {}
@@ -321,7 +323,7 @@ def namespace_metadata(what: str, items: dict, user_slug: str, labels: bool) -> 
     return out
 
 
-def namespace(ident: Identity, extra_labels: dict | None = None, extra_annotations: dict | None = None) -> dict:
+def namespace(ident: Identity, extra_labels: dict[str, Any] | None = None, extra_annotations: dict[str, Any] | None = None) -> dict[str, Any]:
     """A user's namespace, with the admin's labels and annotations ({user} filled in) beside the
     project's own, which win."""
     labels = namespace_metadata("namespace_labels", extra_labels or {}, ident.user_slug, labels=True)
@@ -340,7 +342,7 @@ HUB_NAMESPACED_ROLE = "kubevirt-spawner-hub-namespaced"
 SERVICE_ACCOUNT_USER = "system:serviceaccount:"
 
 
-def rbac_subject(username: str) -> dict:
+def rbac_subject(username: str) -> dict[str, Any]:
     """The RBAC subject of an authenticated user name (a ServiceAccount's is system:serviceaccount:NS:NAME)."""
     if username.startswith(SERVICE_ACCOUNT_USER) and username.count(":") == 3:
         namespace, name = username[len(SERVICE_ACCOUNT_USER):].split(":")
@@ -357,7 +359,7 @@ def hub_role_binding_name(hub_username: str) -> str:
     return "kubevirt-spawner-hub:user-" + hashlib.sha256(hub_username.encode()).hexdigest()[:20]
 
 
-def hub_role_binding(namespace: str, hub_username: str) -> dict:
+def hub_role_binding(namespace: str, hub_username: str) -> dict[str, Any]:
     """The hub's rights in one user namespace: HUB_NAMESPACED_ROLE, bound to the hub's own identity."""
     return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
             "metadata": {"name": hub_role_binding_name(hub_username), "namespace": namespace,
@@ -369,12 +371,12 @@ def hub_role_binding(namespace: str, hub_username: str) -> dict:
 NAMESPACE_GUARD_NAME = "kubevirt-spawner"
 
 
-def _namespace_guard_meta(ident: Identity) -> dict:
+def _namespace_guard_meta(ident: Identity) -> dict[str, Any]:
     return {"name": NAMESPACE_GUARD_NAME, "namespace": ident.namespace,
             "labels": {"app.kubernetes.io/managed-by": MANAGED_BY, LABEL_USER: ident.user_slug}}
 
 
-def network_policy(ident: Identity, ports: tuple[tuple[str, int], ...], peers: list[dict]) -> dict:
+def network_policy(ident: Identity, ports: tuple[tuple[str, int], ...], peers: list[dict[str, Any]]) -> dict[str, Any]:
     """Who may reach the workstations of a namespace: only `peers` (the hub and the proxy), on the
     machines' ports; so workstations do not reach each other, whatever else runs there."""
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
@@ -385,13 +387,13 @@ def network_policy(ident: Identity, ports: tuple[tuple[str, int], ...], peers: l
                                   "ports": [{"protocol": "TCP", "port": port} for _, port in ports]}]}}
 
 
-def resource_quota(ident: Identity, hard: dict[str, str]) -> dict:
+def resource_quota(ident: Identity, hard: dict[str, str]) -> dict[str, Any]:
     """What one user's namespace may hold in all (CPU, memory, GPUs, disk space, machines)."""
     return {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": _namespace_guard_meta(ident),
             "spec": {"hard": dict(hard)}}
 
 
-def limit_range(ident: Identity, limits: list[dict]) -> dict:
+def limit_range(ident: Identity, limits: list[dict[str, Any]]) -> dict[str, Any]:
     """Bounds on each pod, container or claim in one user's namespace."""
     return {"apiVersion": "v1", "kind": "LimitRange", "metadata": _namespace_guard_meta(ident),
             "spec": {"limits": [dict(item) for item in limits]}}
@@ -409,7 +411,7 @@ def user_data(ident: Identity) -> str:
     return "#cloud-config\n" + yaml.safe_dump(config, sort_keys=False)
 
 
-def env_secret(ident: Identity, env: dict[str, str], args: list[str]) -> dict:
+def env_secret(ident: Identity, env: dict[str, str], args: list[str]) -> dict[str, Any]:
     """The Secret the VM mounts as a disk: one key per environment variable, the extra Jupyter
     arguments as JSON, and the cloud-init user data. It is rewritten before every start."""
     bad = sorted(k for k in env if not _ENV_NAME.match(k))
@@ -422,7 +424,7 @@ def env_secret(ident: Identity, env: dict[str, str], args: list[str]) -> dict:
             "metadata": _meta(ident, ident.secret, "env"), "data": data}
 
 
-def _datavolume(ident: Identity, name: str, component: str, spec: MachineSpec, source: dict, size: str) -> dict:
+def _datavolume(ident: Identity, name: str, component: str, spec: MachineSpec, source: dict[str, Any], size: str) -> dict[str, Any]:
     return {"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
             "metadata": _meta(ident, name, component, spec),
             "spec": {"source": source,
@@ -430,13 +432,13 @@ def _datavolume(ident: Identity, name: str, component: str, spec: MachineSpec, s
                                  "volumeMode": "Block", "resources": {"requests": {"storage": size}}}}}
 
 
-def root_datavolume(ident: Identity, spec: MachineSpec) -> dict:
+def root_datavolume(ident: Identity, spec: MachineSpec) -> dict[str, Any]:
     """The root disk: a standalone DataVolume cloned from the golden image PVC."""
     source = {"pvc": {"namespace": spec.golden_namespace, "name": spec.golden_name}}
     return _datavolume(ident, ident.rootdisk, "rootdisk", spec, source, spec.root_disk_size)
 
 
-def workspace_datavolume(ident: Identity, spec: MachineSpec) -> dict:
+def workspace_datavolume(ident: Identity, spec: MachineSpec) -> dict[str, Any]:
     """The optional workspace disk: blank, and kept when the system is reset."""
     if not spec.workspace_disk_size:
         raise ValueError("this machine has no workspace disk (workspace_disk_size is not set)")
@@ -448,12 +450,12 @@ def extra_disk_claim(ident: Identity, disk: ExtraDisk) -> str:
     return f"{ident.workspace}-{disk.name}"
 
 
-def extra_disk_datavolume(ident: Identity, spec: MachineSpec, disk: ExtraDisk) -> dict:
+def extra_disk_datavolume(ident: Identity, spec: MachineSpec, disk: ExtraDisk) -> dict[str, Any]:
     """An extra disk: blank, or cloned from a claim (the admission policy allows the golden
     images' namespace only, as for system disks)."""
     if disk.clone_from:
         namespace, name = disk.clone_from.split("/")
-        source: dict = {"pvc": {"namespace": namespace, "name": name}}
+        source: dict[str, Any] = {"pvc": {"namespace": namespace, "name": name}}
     else:
         source = {"blank": {}}
     dv = _datavolume(ident, extra_disk_claim(ident, disk), "datadisk", spec, source, disk.size)
@@ -462,7 +464,7 @@ def extra_disk_datavolume(ident: Identity, spec: MachineSpec, disk: ExtraDisk) -
     return dv
 
 
-def firmware(kind: str) -> dict:
+def firmware(kind: str) -> dict[str, Any]:
     """The VM's firmware, which must be what the golden image's bootloader is built for (build.sh
     --firmware): BIOS (SeaBIOS, KubeVirt's default) or EFI (OVMF). EFI says secureBoot false:
     KubeVirt's default for `efi: {}` is true, which only a signed bootloader passes."""
@@ -473,14 +475,14 @@ def firmware(kind: str) -> dict:
     raise ValueError(f"the firmware is bios or efi, not {kind!r}")
 
 
-def virtual_machine(ident: Identity, spec: MachineSpec) -> dict:
+def virtual_machine(ident: Identity, spec: MachineSpec) -> dict[str, Any]:
     requests = {"cpu": spec.cpu, "memory": spec.memory}
     if spec.scratch_disk_size:
         # The emptyDisk is a file in the launcher pod's ephemeral storage on the node's disk:
         # requested, the scheduler places the machine where it fits (virt-controller passes the
         # domain's requests to the compute container: services/renderresources.go).
         requests["ephemeral-storage"] = spec.scratch_disk_size
-    resources: dict = {"requests": requests}
+    resources: dict[str, Any] = {"requests": requests}
     limits = {k: v for k, v in (("cpu", spec.cpu_limit), ("memory", spec.memory_limit)) if v}
     if limits:
         resources["limits"] = limits
@@ -510,7 +512,7 @@ def virtual_machine(ident: Identity, spec: MachineSpec) -> dict:
     # and MAC (KubeVirt writes network data verbatim, and a name in it may not be the guest's)
     volumes += [{"name": "cloudinit", "cloudInitNoCloud": {"secretRef": {"name": ident.secret}}},
                 {"name": ENV_DISK_SERIAL, "secret": {"secretName": ident.secret}}]
-    gpus: list[dict] = []
+    gpus: list[dict[str, Any]] = []
     for device, count in spec.gpus:
         for _ in range(count):
             gpus.append({"name": f"gpu{len(gpus)}", "deviceName": device})
@@ -521,7 +523,7 @@ def virtual_machine(ident: Identity, spec: MachineSpec) -> dict:
         devices["gpus"] = gpus
     if filesystems:
         devices["filesystems"] = filesystems
-    template_spec: dict = {
+    template_spec: dict[str, Any] = {
         "terminationGracePeriodSeconds": spec.termination_grace_period,
         # A drain's eviction of the launcher pod is denied and the VMI marked for evacuation
         # (status.evacuationNodeName), so the workstations service warns its user and stops it
@@ -565,7 +567,7 @@ def guest_env(spec: MachineSpec) -> dict[str, str]:
     return env
 
 
-def service(ident: Identity, spec: MachineSpec) -> dict:
+def service(ident: Identity, spec: MachineSpec) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Service",
             "metadata": _meta(ident, ident.service, "notebook", spec),
             "spec": {"type": "ClusterIP", "selector": vmi_selector(ident),
@@ -595,7 +597,7 @@ def snapshot_object_name(ident: Identity, name: str) -> str:
     return f"{ident.slug}.{name}"
 
 
-def virtual_machine_snapshot(ident: Identity, name: str, note: str = "") -> dict:
+def virtual_machine_snapshot(ident: Identity, name: str, note: str = "") -> dict[str, Any]:
     """A VirtualMachineSnapshot of the workstation's VM: every disk (root and workspace) at once."""
     check_snapshot_name(name)
     if len(note) > SNAPSHOT_NOTE_MAX:
@@ -608,7 +610,7 @@ def virtual_machine_snapshot(ident: Identity, name: str, note: str = "") -> dict
             "spec": {"source": {"apiGroup": "kubevirt.io", "kind": "VirtualMachine", "name": ident.vm}}}
 
 
-def virtual_machine_restore(ident: Identity, snapshot_object: str, name: str) -> dict:
+def virtual_machine_restore(ident: Identity, snapshot_object: str, name: str) -> dict[str, Any]:
     """Restore the VM from one of its snapshots, in place: the disks keep their names (the VM and
     the DataVolumes go on pointing at them) and no owner reference to the VM, so deleting the VM
     never takes a disk with it (KubeVirt's default, volumeOwnershipPolicy Vm, would)."""
@@ -619,7 +621,7 @@ def virtual_machine_restore(ident: Identity, snapshot_object: str, name: str) ->
                      "volumeRestorePolicy": "InPlace", "volumeOwnershipPolicy": "None"}}
 
 
-def snapshot_consistency(snapshot: dict) -> str | None:
+def snapshot_consistency(snapshot: dict[str, Any]) -> str | None:
     """How consistent a snapshot is, from KubeVirt's indications (pkg/storage/snapshot/snapshot.go):
     taken while running with the guest agent freezing the filesystems, while running without it,
     or while stopped. None until KubeVirt has looked."""
@@ -635,7 +637,7 @@ def snapshot_consistency(snapshot: dict) -> str | None:
     return "crash-consistent"
 
 
-def retained_patch(retain_until: str, user_created: str = "") -> dict:
+def retained_patch(retain_until: str, user_created: str = "") -> dict[str, Any]:
     """Merge patch that marks a disk as kept after its workstation was deleted (by the account
     made at `user_created`, when known)."""
     annotations = {ANNOTATION_RETAIN_UNTIL: retain_until}
@@ -644,18 +646,18 @@ def retained_patch(retain_until: str, user_created: str = "") -> dict:
     return {"metadata": {"labels": {LABEL_RETAINED: "true"}, "annotations": annotations}}
 
 
-def account_patch(user_created: str) -> dict:
+def account_patch(user_created: str) -> dict[str, Any]:
     """Merge patch that records the account a disk belongs to (made at `user_created`)."""
     return {"metadata": {"annotations": {ANNOTATION_USER_CREATED: user_created}}}
 
 
-def reclaim_patch(policy: str) -> dict:
+def reclaim_patch(policy: str) -> dict[str, Any]:
     """Merge patch of a PersistentVolume's reclaim policy: Delete before the hub deletes its claim on
     purpose (the storage class keeps volumes, Retain, against mistakes), Retain to undo that."""
     return {"spec": {"persistentVolumeReclaimPolicy": policy}}
 
 
-def unretained_patch(user_created: str = "") -> dict:
+def unretained_patch(user_created: str = "") -> dict[str, Any]:
     """Merge patch that removes the retained marks from a disk that is in use again, by the account
     made at `user_created` from now on."""
     annotations: dict[str, str | None] = {ANNOTATION_RETAIN_UNTIL: None, ANNOTATION_CONFIRMED_FOR: None}

@@ -19,7 +19,7 @@ import asyncio
 import logging
 import random
 import time
-from typing import Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable, Collection, TypeVar, ValuesView
 
 from . import kube as k
 from . import manifests as m
@@ -34,7 +34,7 @@ BIND_SETTLE_SECONDS = 10.0
 WATCHED_EVENT_KINDS = {"VirtualMachine", "VirtualMachineInstance", "DataVolume", "PersistentVolumeClaim", "Pod"}
 
 
-def _key(obj: dict) -> tuple[str, str]:
+def _key(obj: dict[str, Any]) -> tuple[str, str]:
     meta = obj.get("metadata") or {}
     return meta.get("namespace") or "", meta.get("name") or ""
 
@@ -42,7 +42,7 @@ def _key(obj: dict) -> tuple[str, str]:
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 
 
-def slim(obj: dict) -> dict:
+def slim(obj: dict[str, Any]) -> dict[str, Any]:
     """What the caches keep of an object: no `managedFields` (server-side apply bookkeeping) and
     no copy of the object as `kubectl apply` last saw it; no reader uses them, and they can be
     most of an object's size."""
@@ -85,7 +85,7 @@ async def _wait_event(event: asyncio.Event, timeout: float | None) -> bool:
 class Reflector:
     def __init__(self, kube: k.Kube, kind: k.Kind, on_change: Callable[[str | None], None],
                  namespace: str | None = None,
-                 label_selector: str | None = None, keep: Callable[[dict], bool] | None = None,
+                 label_selector: str | None = None, keep: Callable[[dict[str, Any]], bool] | None = None,
                  field_selector: str | None = None, optional: bool = False,
                  prepare: Callable[[], Awaitable[None]] | None = None):
         self.kube, self.kind, self.namespace = kube, kind, namespace
@@ -95,7 +95,7 @@ class Reflector:
         self.patient_until = 0.0
         self.label_selector, self.field_selector = label_selector, field_selector
         self.keep = keep or (lambda obj: True)
-        self.objects: dict[tuple[str, str], dict] = {}
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
         self.synced = False
         # A cache the hub may not read (403) is tried again now and then. An optional one counts as
         # synced and empty meanwhile; a required one makes every wait on the caches fail at once
@@ -108,17 +108,17 @@ class Reflector:
         self._on_change = on_change
         # Per-object listeners (object or None when gone, its key) and whole-cache ones (a relist:
         # all the objects, and the namespace they are all of, None for the whole cluster).
-        self.on_object: list[Callable[[dict | None, tuple[str, str]], None]] = []
-        self.on_reset: list[Callable[[object, str | None], None]] = []
-        self._task: asyncio.Task | None = None
+        self.on_object: list[Callable[[dict[str, Any] | None, tuple[str, str]], None]] = []
+        self.on_reset: list[Callable[[Collection[dict[str, Any]], str | None], None]] = []
+        self._task: asyncio.Task[None] | None = None
         self._stopping = False
 
-    def start(self, loop: asyncio.AbstractEventLoop):
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._stopping = False
         where = f"-{self.namespace}" if self.namespace else ""
         self._task = loop.create_task(self._run(), name=f"reflector-{self.kind.plural}{where}")
 
-    def stop(self):
+    def stop(self) -> None:
         self._stopping = True
         task = self._task
         if task is None or task.done() or task.get_loop().is_closed():
@@ -132,14 +132,14 @@ class Reflector:
         else:
             task.get_loop().call_soon_threadsafe(task.cancel)
 
-    def get(self, namespace: str, name: str) -> dict | None:
+    def get(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.objects.get((namespace, name))
 
-    def values(self):
+    def values(self) -> ValuesView[dict[str, Any]]:
         return self.objects.values()
 
     # ------------------------------------------------ on the event loop
-    def _replace_all(self, items: list[dict]):
+    def _replace_all(self, items: list[dict[str, Any]]) -> None:
         self.forbidden = False
         self.refusal = None
         self.last_error = None
@@ -149,17 +149,17 @@ class Reflector:
             reset(self.objects.values(), self.namespace)
         self._on_change(self.namespace)
 
-    def _forbid(self, err: k.KubeError):
+    def _forbid(self, err: k.KubeError) -> None:
         if self.optional:
             self._replace_all([])
         self.forbidden = True
         self.refusal = err
         self._on_change(self.namespace)
 
-    def _failed(self, err: k.KubeError):
+    def _failed(self, err: k.KubeError) -> None:
         self.last_error = err
 
-    def _apply(self, changes: list[tuple[str, dict]]):
+    def _apply(self, changes: list[tuple[str, dict[str, Any]]]) -> None:
         """A batch of watch events, applied in order; then each namespace that changed wakes its
         waiters once. Cluster-scoped objects (nodes, storage profiles) may matter to every
         workstation."""
@@ -179,7 +179,7 @@ class Reflector:
             self._on_change(namespace)
 
     # ------------------------------------------------ the task
-    def _query(self) -> dict:
+    def _query(self) -> dict[str, Any]:
         query: dict[str, str] = {}
         if self.label_selector:
             query["labelSelector"] = self.label_selector
@@ -187,7 +187,7 @@ class Reflector:
             query["fieldSelector"] = self.field_selector
         return query
 
-    async def _run(self):
+    async def _run(self) -> None:
         failures = 0
         told = False  # the admin has read that the hub may not read these (told once)
         while not self._stopping:
@@ -231,7 +231,7 @@ class Reflector:
         """What this reflector watches, for a log line."""
         return self.kind.plural + (f" in {self.namespace}" if self.namespace else "")
 
-    def _log_refusal(self, err: k.KubeError):
+    def _log_refusal(self, err: k.KubeError) -> None:
         need = f"list and watch {self.kind.plural}" + (f" ({self.kind.group})" if self.kind.group else "")
         if self.namespace:
             need += f" in {self.namespace} (ClusterRole {m.HUB_NAMESPACED_ROLE}, bound there)"
@@ -243,13 +243,13 @@ class Reflector:
                                 "ServiceAccount may %s (see deploy/rbac/)", self.describe(), err,
                                 f" in {self.namespace}" if self.namespace else "", need)
 
-    async def _follow(self, version: str):
+    async def _follow(self, version: str) -> None:
         """Follow the watch until the server ends it; raise KubeError when it must restart."""
         while not self._stopping:
             query = {**self._query(), "watch": "1", "resourceVersion": version, "allowWatchBookmarks": "true",
                      "timeoutSeconds": str(random.randint(240, 360))}
             async for batch in self.kube.watch(self.kind.path(self.namespace), query, 400):
-                changes: list[tuple[str, dict]] = []
+                changes: list[tuple[str, dict[str, Any]]] = []
                 try:
                     for event in batch:
                         obj = event.get("object") or {}
@@ -273,8 +273,8 @@ class PerNamespace:
         self._make = make
         self.members: dict[str, Reflector] = {}
         # Listeners as a Reflector has them; a relist is of one namespace.
-        self.on_object: list[Callable[[dict | None, tuple[str, str]], None]] = []
-        self.on_reset: list[Callable[[object, str | None], None]] = []
+        self.on_object: list[Callable[[dict[str, Any] | None, tuple[str, str]], None]] = []
+        self.on_reset: list[Callable[[Collection[dict[str, Any]], str | None], None]] = []
 
     def add(self, namespace: str, loop: asyncio.AbstractEventLoop | None) -> Reflector:
         """The namespace's reflector, made and (on `loop`) started if it is new."""
@@ -287,33 +287,33 @@ class PerNamespace:
                 member.start(loop)
         return member
 
-    def drop(self, namespace: str):
+    def drop(self, namespace: str) -> None:
         """Stop watching a namespace (it is gone): its objects went with it."""
         member = self.members.pop(namespace, None)
         if member is not None:
             member.stop()
             self._reset([], namespace)
 
-    def stop(self):
+    def stop(self) -> None:
         for member in self.members.values():
             member.stop()
 
-    def _object(self, obj: dict | None, key: tuple[str, str]):
+    def _object(self, obj: dict[str, Any] | None, key: tuple[str, str]) -> None:
         for listener in self.on_object:
             listener(obj, key)
 
-    def _reset(self, objects, namespace: str | None):
+    def _reset(self, objects: Collection[dict[str, Any]], namespace: str | None) -> None:
         for reset in self.on_reset:
             reset(objects, namespace)
 
-    def get(self, namespace: str, name: str) -> dict | None:
+    def get(self, namespace: str, name: str) -> dict[str, Any] | None:
         member = self.members.get(namespace)
         return None if member is None else member.get(namespace, name)
 
-    def values(self) -> list[dict]:
+    def values(self) -> list[dict[str, Any]]:
         return [obj for member in self.members.values() for obj in member.values()]
 
-    def in_namespace(self, namespace: str):
+    def in_namespace(self, namespace: str) -> Collection[dict[str, Any]]:
         member = self.members.get(namespace)
         return () if member is None else member.values()
 
@@ -339,13 +339,13 @@ class Caches:
         self._changed: dict[str | None, asyncio.Event] = {}
         sel = label_selector
 
-        def watched_event(ev: dict) -> bool:
+        def watched_event(ev: dict[str, Any]) -> bool:
             involved = ev.get("involvedObject") or {}
             if involved.get("kind") == "Pod":  # of the pods, only KubeVirt's launchers
                 return (involved.get("name") or "").startswith("virt-launcher-")
             return involved.get("kind") in WATCHED_EVENT_KINDS
 
-        def per_namespace(kind: k.Kind, selector: str | None, optional: bool = False, **options) -> PerNamespace:
+        def per_namespace(kind: k.Kind, selector: str | None, optional: bool = False, **options: Any) -> PerNamespace:
             def make(ns: str) -> Reflector:
                 return Reflector(kube, kind, self._notify, ns, selector, optional=optional,
                                  prepare=lambda: self._bind(ns), **options)
@@ -382,7 +382,7 @@ class Caches:
             self.namespaces.on_object.append(self._namespace_changed)
             self.namespaces.on_reset.append(self._namespaces_listed)
             self.cluster.append(self.namespaces)
-        self._watching: dict[str, asyncio.Task] = {}  # namespace: its binding and watches, once
+        self._watching: dict[str, asyncio.Task[None]] = {}  # namespace: its binding and watches, once
         self._binding: dict[str, asyncio.Lock] = {}
         self._bind_refused: dict[str, tuple[float, str]] = {}  # namespace: when, and what it said
         self._username: str | None = None
@@ -395,7 +395,7 @@ class Caches:
         """Every reflector: the cluster-wide ones and each watched namespace's."""
         return self.cluster + [r for cache in self.namespaced for r in cache.members.values()]
 
-    def start(self):
+    def start(self) -> None:
         if self.started:
             return
         loop = asyncio.get_running_loop()
@@ -405,7 +405,7 @@ class Caches:
         if self.shared_namespace is not None:
             self._watch(self.shared_namespace)
 
-    def stop(self):
+    def stop(self) -> None:
         for r in self.cluster:
             r.stop()
         for cache in self.namespaced:
@@ -414,13 +414,13 @@ class Caches:
             task.cancel()
 
     # ------------------------------------------------ the watched namespaces
-    def _namespace_changed(self, obj: dict | None, key: tuple[str, str]):
+    def _namespace_changed(self, obj: dict[str, Any] | None, key: tuple[str, str]) -> None:
         if obj is None:
             self._unwatch(key[1])
         else:
             self._watch(key[1])
 
-    def _namespaces_listed(self, objects, _namespace: str | None):
+    def _namespaces_listed(self, objects: Collection[dict[str, Any]], _namespace: str | None) -> None:
         listed = {obj["metadata"]["name"] for obj in objects}
         for namespace in listed:
             self._watch(namespace)
@@ -428,7 +428,7 @@ class Caches:
         for namespace in set(self._watching) - listed - recent:  # (a list older than a namespace made now)
             self._unwatch(namespace)
 
-    def _watch(self, namespace: str) -> asyncio.Task:
+    def _watch(self, namespace: str) -> asyncio.Task[None]:
         """Bind the hub in the namespace and watch it from now on (once); the task that does it."""
         task = self._watching.get(namespace)
         if task is None:
@@ -436,7 +436,7 @@ class Caches:
                 self._bind_and_watch(namespace), name=f"watch-namespace-{namespace}")
         return task
 
-    def _unwatch(self, namespace: str):
+    def _unwatch(self, namespace: str) -> None:
         """The namespace is gone, and its objects with it."""
         self._bind_refused.pop(namespace, None)
         self._binding.pop(namespace, None)
@@ -448,7 +448,7 @@ class Caches:
             cache.drop(namespace)
         self._notify(namespace)
 
-    async def _bind_and_watch(self, namespace: str):
+    async def _bind_and_watch(self, namespace: str) -> None:
         try:
             await self._bind(namespace)
         except Exception:  # the watches start anyway, and say what they are refused
@@ -476,7 +476,7 @@ class Caches:
             self._username = username
         return self._username
 
-    async def _bind(self, namespace: str):
+    async def _bind(self, namespace: str) -> None:
         """Bind the hub's namespaced role in `namespace` (deploy/rbac/), so that it may watch and act
         there. Usually it is bound already (409): a namespace is bound with its first workstation,
         and again by each hub that starts. Never raises: a namespace the hub cannot be bound in is
@@ -498,7 +498,7 @@ class Caches:
                         "the hub's ServiceAccount is bound to it there (see deploy/rbac/)",
                         "permission missing: " if err.status == 403 else "", m.HUB_NAMESPACED_ROLE, namespace, err)
 
-    async def _create_binding(self, binding: dict):
+    async def _create_binding(self, binding: dict[str, Any]) -> None:
         namespace = binding["metadata"]["namespace"]
         deadline = time.monotonic() + 10
         while True:
@@ -514,7 +514,7 @@ class Caches:
                     raise
                 await asyncio.sleep(0.5)
 
-    async def watch_namespace(self, namespace: str):
+    async def watch_namespace(self, namespace: str) -> None:
         """Watch a namespace from now on (the hub has just made it): returns once its caches are
         started, not synced."""
         self.start()
@@ -576,14 +576,15 @@ class Caches:
 
     def clone_strategy(self, storage_class: str) -> str | None:
         """CDI's clone strategy for a StorageClass (its StorageProfile's status), when known."""
-        return field_value(self.storage_profiles.get("", storage_class), "status.cloneStrategy")
+        strategy = field_value(self.storage_profiles.get("", storage_class), "status.cloneStrategy")
+        return strategy if isinstance(strategy, str) else None
 
-    def notify(self, namespace: str | None = None):
+    def notify(self, namespace: str | None = None) -> None:
         """Wake the waiters of a namespace (None: every waiter) to re-check, for changes that are
         not in the cluster."""
         self._notify(namespace)
 
-    def _notify(self, namespace: str | None):
+    def _notify(self, namespace: str | None) -> None:
         if namespace is None:
             events, self._changed = list(self._changed.values()), {}
         else:
@@ -620,11 +621,11 @@ class Caches:
             if not await _wait_event(changed, remaining) and deadline is not None and time.monotonic() >= deadline:
                 raise asyncio.TimeoutError()
 
-    async def next_change(self, timeout: float = 30.0, namespace: str | None = None):
+    async def next_change(self, timeout: float = 30.0, namespace: str | None = None) -> None:
         """Return after the next change in `namespace` (or `notify()`), or after `timeout` seconds."""
         await _wait_event(self._change_event(namespace), timeout)  # (nothing changed: the caller looks again)
 
-    async def wait_synced(self, timeout: float | None = None, namespace: str | None = None):
+    async def wait_synced(self, timeout: float | None = None, namespace: str | None = None) -> None:
         """Wait until the caches have the cluster's state: all of them, or (with `namespace`) those
         a workstation there reads. A namespace that exists is watched first, if it is not yet."""
         if namespace is None:
@@ -637,7 +638,7 @@ class Caches:
         await self.wait_for(lambda: self.synced_in(namespace),
                             None if deadline is None else max(0.0, deadline - time.monotonic()), namespace)
 
-    def _node_of(self, vmi: dict) -> tuple[bool, dict | None]:
+    def _node_of(self, vmi: dict[str, Any]) -> tuple[bool, dict[str, Any] | None]:
         """(whether the VMI is unfinished on a node, that node as cached). Without permission to
         read Nodes, nothing is known of them."""
         status = vmi.get("status") or {}
@@ -645,7 +646,7 @@ class Caches:
             return False, None
         return True, self.nodes.get("", status["nodeName"])
 
-    def on_unreachable_node(self, vmi: dict) -> bool:
+    def on_unreachable_node(self, vmi: dict[str, Any]) -> bool:
         """An unfinished VMI on a node that stopped answering (Ready=Unknown, as the node lifecycle
         controller marks it) or that is gone: the machine may still run there and hold its disk,
         so nothing else may start on that disk until the node is fenced. KubeVirt keeps the VMI
@@ -658,7 +659,7 @@ class Caches:
         ready = [c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"]
         return bool(ready) and ready[0].get("status") == "Unknown"
 
-    def on_lost_node(self, vmi: dict) -> bool:
+    def on_lost_node(self, vmi: dict[str, Any]) -> bool:
         """Unreachable, and KubeVirt has given up on the node's virt-handler after its heartbeat
         timeout (it labels the node kubevirt.io/schedulable=false; pkg/virt-controller/watch/node/
         node.go): a short network blip is not a lost machine."""
@@ -668,12 +669,12 @@ class Caches:
         return node is None or ((node.get("metadata") or {}).get("labels") or {}).get(
             "kubevirt.io/schedulable") == "false"
 
-    def events_for(self, namespace: str, names: set[str], prefixes: tuple[str, ...] = ()) -> list[dict]:
+    def events_for(self, namespace: str, names: set[str], prefixes: tuple[str, ...] = ()) -> list[dict[str, Any]]:
         """Cluster Events about the given objects (and those whose names start with a prefix, such
         as a VM's launcher pods), oldest first."""
         if self.events is None:
             return []
-        def about(event: dict) -> bool:
+        def about(event: dict[str, Any]) -> bool:
             name = (event.get("involvedObject") or {}).get("name") or ""
             return name in names or any(name.startswith(prefix) for prefix in prefixes)
 
