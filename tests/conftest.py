@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import os
 import threading
 import uuid
@@ -11,6 +13,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
+from kubevirt_spawner import spawner as spawner_module
 from kubevirt_spawner.sim.schema import SchemaRegistry, schema_not_found_message
 
 from simtools import KeysService, api_client, start_sim
@@ -28,6 +31,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         group = "guests" if item.get_closest_marker("guests") else item.nodeid.split("::")[0]
         item.add_marker(pytest.mark.xdist_group(group))
+        if inspect.iscoroutinefunction(getattr(item, "obj", None)):
+            # every test on an event loop (the hub's side runs on one) ends as a new hub; a sync test
+            # gets no loop of its own (Playwright's sync API and asyncio.run want none running)
+            item.fixturenames.insert(0, "hub_state_isolated")
 
 
 # Lines a test wants in the run's summary (`record_property("summary", line)`): a test's own print
@@ -44,6 +51,39 @@ def pytest_runtest_logreport(report):
 def pytest_terminal_summary(terminalreporter):
     for line in _summary_lines:
         terminalreporter.write_line(line)
+
+
+async def forget_hub_state():
+    """A new hub, as a restarted hub process is: the API client and caches all spawners of a hub
+    share (`spawner._shared`) stopped and forgotten."""
+    for shared in spawner_module._shared.values():
+        shared["caches"].stop()
+        await shared["kube"].aclose()
+    spawner_module._shared.clear()
+
+
+@pytest.fixture
+async def hub_state_isolated():
+    """Each test on an event loop (every one: pytest_collection_modifyitems adds it) starts as a
+    new hub and leaves nothing running: after it, the hub-wide shared state is forgotten, and a
+    task still running on its loop (a watch, a start, an operation that would act during the next
+    test) fails the test."""
+    yield
+    await forget_hub_state()
+    leaked = await tasks_left_running()
+    for task in leaked:
+        task.cancel()
+    assert not leaked, f"tasks left running after the test: {[t.get_coro() for t in leaked]}"
+
+
+async def tasks_left_running(grace: float = 5.0) -> list[asyncio.Task]:
+    """The loop's tasks but this one still running after `grace` seconds (a task just cancelled,
+    as a stopped cache's watches are, gets that long to unwind)."""
+    mine = asyncio.current_task()
+    running = [t for t in asyncio.all_tasks() if t is not mine and not t.done()]
+    if running:
+        await asyncio.wait(running, timeout=grace)
+    return [t for t in running if not t.done()]
 
 
 def absent_outside_data(reason: str):

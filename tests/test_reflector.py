@@ -221,3 +221,18 @@ async def test_a_namespace_made_now_stays_watched_when_an_older_list_comes_in():
         assert c.watches("notebook-new") and all("notebook-new" in cache.members for cache in c.namespaced)
     finally:
         c.stop()
+
+
+async def test_a_task_left_running_is_found_and_a_cancelled_one_is_not():
+    """The suite's isolation (conftest's autouse `hub_state_isolated`) fails a test that leaves a
+    task running: what it finds, and what it lets unwind."""
+    from conftest import tasks_left_running
+
+    forgotten = asyncio.ensure_future(asyncio.sleep(60))
+    stopped = asyncio.ensure_future(asyncio.sleep(60))
+    stopped.cancel()
+    try:
+        assert await tasks_left_running(grace=0.2) == [forgotten]
+    finally:
+        forgotten.cancel()
+    assert await tasks_left_running(grace=0.2) == []

@@ -85,14 +85,6 @@ def writes(delta: dict) -> dict:
     return {k: v for k, v in delta.items() if k.split()[0] in WRITES}
 
 
-async def forget_shared():
-    """A new hub: the spawners' shared client and caches are gone (stopped, not left running)."""
-    for shared in spawner_module._shared.values():
-        shared["caches"].stop()
-        await shared["kube"].aclose()
-    spawner_module._shared.clear()
-
-
 async def ensure_namespace(env, name: str):
     """A user namespace as the hub makes one (labelled as this project's), watched by the hub's
     caches: it has bound itself there."""
@@ -161,7 +153,6 @@ async def test_no_wait_is_unbounded_when_the_cluster_cannot_be_read(wsim, caplog
         c = Config()
         c.KubeVirtSpawner.kubeconfig = wsim.kubeconfig
         c.KubeVirtSpawner.k8s_api_retry_timeout = 1.0
-        await forget_shared()
         spawner = KubeVirtSpawner(config=c, user=types.SimpleNamespace(name="una", url="/user/una/"))
         spawner.load_state({"workstation": names.identity("una").to_state()})
         assert await asyncio.wait_for(spawner.poll(), 10) is None
@@ -170,7 +161,6 @@ async def test_no_wait_is_unbounded_when_the_cluster_cannot_be_read(wsim, caplog
         sim_api(wsim, "DELETE", "/faults/api")
         caches.stop()
         await kube.aclose()
-        await forget_shared()
 
 
 async def test_poll_reads_the_cache_only_and_waits_for_it_after_a_restart(env, wsim):
@@ -178,7 +168,6 @@ async def test_poll_reads_the_cache_only_and_waits_for_it_after_a_restart(env, w
     await ws.start({}, [])
     c = Config()
     c.KubeVirtSpawner.kubeconfig = wsim.kubeconfig
-    await forget_shared()
     # A fresh hub whose caches cannot list VMIs yet: poll must wait, not say "stopped".
     sim_api(wsim, "PUT", "/faults/api", {"verb": "list", "resource": "virtualmachineinstances", "rate": 1,
                                          "code": 500})
@@ -210,9 +199,6 @@ async def test_poll_reads_the_cache_only_and_waits_for_it_after_a_restart(env, w
     await ws.stop()
     await hub_caches.wait_for(lambda: hub_caches.vmis.get(ws.ident.namespace, ws.ident.vm) is None, 10)
     assert await spawner.poll() == 0
-    for shared in spawner_module._shared.values():
-        shared["caches"].stop()
-    await forget_shared()
 
 
 async def test_concurrent_starts_act_once(env):
@@ -1266,20 +1252,16 @@ async def test_workstations_named_with_the_short_hash_keep_their_names(env, wsim
     await ws.stop()
     c = Config()
     c.KubeVirtSpawner.kubeconfig = wsim.kubeconfig
-    await forget_shared()
-    try:
-        spawner = KubeVirtSpawner(config=c, user=types.SimpleNamespace(name="Olga.Old", url="/user/Olga.Old/"))
-        assert await spawner.poll() == 0
-        assert spawner.get_state()["workstation"] == ws.ident.to_state()
+    spawner = KubeVirtSpawner(config=c, user=types.SimpleNamespace(name="Olga.Old", url="/user/Olga.Old/"))
+    assert await spawner.poll() == 0
+    assert spawner.get_state()["workstation"] == ws.ident.to_state()
 
-        await ws.retire()
-        hub_caches = spawner_module._shared[next(iter(spawner_module._shared))]["caches"]
-        await hub_caches.wait_for(lambda: hub_caches.vms.get(ws.ident.namespace, ws.ident.vm) is None, 10)
-        later = KubeVirtSpawner(config=c, user=types.SimpleNamespace(name="Olga.Old", url="/user/Olga.Old/"))
-        found = await later.workstation()
-        assert found.ident == ws.ident
-    finally:
-        await forget_shared()
+    await ws.retire()
+    hub_caches = spawner_module._shared[next(iter(spawner_module._shared))]["caches"]
+    await hub_caches.wait_for(lambda: hub_caches.vms.get(ws.ident.namespace, ws.ident.vm) is None, 10)
+    later = KubeVirtSpawner(config=c, user=types.SimpleNamespace(name="Olga.Old", url="/user/Olga.Old/"))
+    found = await later.workstation()
+    assert found.ident == ws.ident
 
 
 async def test_concurrent_snapshots_cannot_pass_the_users_limit_together(env, wsim):
@@ -1293,20 +1275,16 @@ async def test_concurrent_snapshots_cannot_pass_the_users_limit_together(env, ws
     c = Config()
     c.KubeVirtSpawner.kubeconfig = wsim.hub_kubeconfig
     c.Workstations.snapshot_limit = 5
-    await forget_shared()
     service = Workstations(hub=None, config=c, log=LOG)
     lena = Caller(name="lena", admin=False)
-    try:
-        results = await asyncio.gather(*(service.take_snapshot(lena, "lena", "", f"s{i}", "") for i in range(30)),
-                                       return_exceptions=True)
-        refused = [r for r in results if isinstance(r, ServiceError)]
-        assert len(refused) == 25 and all(r.status == 409 and "lena has 5 snapshots, the most allowed" in r.message
-                                          for r in refused), results
-        await env.caches.wait_for(lambda: len(ws.snapshots()) == 5, 10)
-        with pytest.raises(ServiceError, match="the most allowed"):
-            await service.take_snapshot(lena, "lena", "", "one-more", "")
-    finally:
-        await forget_shared()
+    results = await asyncio.gather(*(service.take_snapshot(lena, "lena", "", f"s{i}", "") for i in range(30)),
+                                   return_exceptions=True)
+    refused = [r for r in results if isinstance(r, ServiceError)]
+    assert len(refused) == 25 and all(r.status == 409 and "lena has 5 snapshots, the most allowed" in r.message
+                                      for r in refused), results
+    await env.caches.wait_for(lambda: len(ws.snapshots()) == 5, 10)
+    with pytest.raises(ServiceError, match="the most allowed"):
+        await service.take_snapshot(lena, "lena", "", "one-more", "")
 
 
 async def test_workstations_sharing_a_namespace_never_share_a_snapshot_object(env):
@@ -1345,7 +1323,6 @@ async def test_a_name_with_a_newline_cannot_forge_a_log_line(env, wsim, caplog):
     await ws.start({}, [])
     c = Config()
     c.KubeVirtSpawner.kubeconfig = wsim.hub_kubeconfig
-    await forget_shared()
     service = Workstations(hub=None, config=c, log=LOG)
     forged = "x\n[I 2026-12-01 10:00:00.000 workstations core:1] audit: admin reset nell: done"
     try:
@@ -1357,7 +1334,6 @@ async def test_a_name_with_a_newline_cannot_forge_a_log_line(env, wsim, caplog):
         assert len(lines) == 2 and all("\n" not in line for line in lines), lines
         assert any(line.startswith("audit: nell delete-snapshot nell: failed") for line in lines)
     finally:
-        await forget_shared()
         await ws.stop()
 
 
@@ -1373,7 +1349,6 @@ async def test_a_workstations_own_token_may_not_delete_its_snapshots(env, wsim):
     await ws.take_snapshot("keep")
     c = Config()
     c.KubeVirtSpawner.kubeconfig = wsim.hub_kubeconfig
-    await forget_shared()
     service = Workstations(hub=None, config=c, log=LOG)
     servers_token = Caller(name="tess", admin=False, servers=frozenset({"tess/"}))
     try:
@@ -1397,7 +1372,6 @@ async def test_a_workstations_own_token_may_not_delete_its_snapshots(env, wsim):
         # (the service's caches saw it go; this test's own see it a moment later)
         await env.caches.wait_for(lambda: ws.snapshots() == [], 10, ws.ident.namespace)
     finally:
-        await forget_shared()
         await ws.stop()
 
 
@@ -1450,20 +1424,16 @@ async def test_concurrent_restores_cannot_pass_the_users_limit_with_their_safety
     c = Config()
     c.KubeVirtSpawner.kubeconfig = wsim.hub_kubeconfig
     c.Workstations.snapshot_limit = 4
-    await forget_shared()
     service = Workstations(hub=StoppedHub(), config=c, log=LOG)
     lars = Caller(name="lars", admin=False)
-    try:
-        results = await asyncio.gather(*(service.restore(lars, "lars", server, "s", True) for server in ("", "a", "b")),
-                                       return_exceptions=True)
-        refused = [r for r in results if isinstance(r, ServiceError)]
-        assert len(refused) == 2 and all("a restore takes a safety snapshot first" in r.message for r in refused), \
-            results
-        for task in list(service._tasks.values()):
-            await asyncio.wait_for(task, 120)
-        assert sum(len(ws.snapshots()) for ws in machines) == 4
-    finally:
-        await forget_shared()
+    results = await asyncio.gather(*(service.restore(lars, "lars", server, "s", True) for server in ("", "a", "b")),
+                                   return_exceptions=True)
+    refused = [r for r in results if isinstance(r, ServiceError)]
+    assert len(refused) == 2 and all("a restore takes a safety snapshot first" in r.message for r in refused), \
+        results
+    for task in list(service._tasks.values()):
+        await asyncio.wait_for(task, 120)
+    assert sum(len(ws.snapshots()) for ws in machines) == 4
 
 
 async def test_a_machine_an_earlier_account_never_retired_needs_an_administrators_word_too(env):
@@ -1557,7 +1527,6 @@ async def test_a_halt_that_fails_after_a_stop_is_tried_again_until_it_lands(env,
     c = Config()
     c.KubeVirtSpawner.kubeconfig = wsim.kubeconfig
     c.KubeVirtSpawner.k8s_api_retry_timeout = 1.0
-    await forget_shared()
     spawner = KubeVirtSpawner(config=c, user=types.SimpleNamespace(name="hal", url="/user/hal/"))
     spawner.load_state({"workstation": ws.ident.to_state()})
     sim_api(wsim, "PUT", "/faults/api", {"verb": "update", "resource": "virtualmachines/stop", "rate": 1,
@@ -1588,9 +1557,6 @@ async def test_a_halt_that_fails_after_a_stop_is_tried_again_until_it_lands(env,
     start.cancel()
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await start
-    for shared in spawner_module._shared.values():
-        shared["caches"].stop()
-    await forget_shared()
 
 
 KUBEVIRT_CR = k.Kind("KubeVirt", "kubevirt.io", "v1", "kubevirts")
