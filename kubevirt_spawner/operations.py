@@ -14,7 +14,7 @@ import json
 import secrets
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
-from typing import Protocol
+from typing import Literal, Protocol
 
 from . import kube as k
 from . import manifests as m
@@ -48,13 +48,17 @@ class Server(Protocol):
     async def start(self) -> None: ...
 
 
+OperationKind = Literal["restore", "reset"]
+OperationState = Literal["running", "failed", "done"]
+
+
 @dataclass
 class Operation:
-    kind: str  # restore | reset
+    kind: OperationKind
     steps: list[str]
     by: str
     step: int = 0  # index into steps of the step under way
-    state: str = "running"  # running | failed | done
+    state: OperationState = "running"
     started: str = field(default_factory=lambda: _now())
     step_began: str = field(default_factory=lambda: _now())  # when the step under way began
     updated: str = ""

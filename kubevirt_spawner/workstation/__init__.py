@@ -24,6 +24,7 @@ from .base import (
     WorkstationBase,
     WorkstationError,
     WorkstationLog,
+    WorkstationState,
     name_taken,
     refusals_explained,
     spec_hash,
@@ -31,7 +32,7 @@ from .base import (
 )
 from .snapshots import Snapshots
 
-__all__ = ['CloneGate', 'ALREADY_RUNNING', 'ANNOTATION_SPEC_HASH', 'CHECK_ONLY', 'COPY_ON_WRITE_PHASES', 'SNAPSHOT', 'STALL_CHECK_SECONDS', 'WAITING_FOR_CONSUMER', 'Report', 'Settings', 'VmHook', 'WorkstationBase', 'WorkstationError', 'WorkstationLog', 'name_taken', 'refusals_explained', 'spec_hash', 'wait_synced', "Workstation"]
+__all__ = ['CloneGate', 'ALREADY_RUNNING', 'ANNOTATION_SPEC_HASH', 'CHECK_ONLY', 'COPY_ON_WRITE_PHASES', 'SNAPSHOT', 'STALL_CHECK_SECONDS', 'WAITING_FOR_CONSUMER', 'Report', 'Settings', 'VmHook', 'WorkstationBase', 'WorkstationError', 'WorkstationLog', 'WorkstationState', 'name_taken', 'refusals_explained', 'spec_hash', 'wait_synced', "Workstation"]
 
 
 class Workstation(Snapshots):

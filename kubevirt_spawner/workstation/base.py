@@ -10,7 +10,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Literal
 
 from jupyterhub.spawner import SpawnException
 
@@ -33,6 +33,7 @@ ALREADY_RUNNING = ("already running", "does not support manual start requests")
 # A write the API server checks all through (decoding with unknown fields refused, validation,
 # admission, the name's uniqueness) and then does not store.
 CHECK_ONLY = {"dryRun": "All", "fieldValidation": "Strict"}
+WorkstationState = Literal["running", "starting", "stopped", "failed", "lost"]
 VmHook = Callable[[dict], Awaitable[dict]]
 
 Report = Callable[[int, str], None]
@@ -228,8 +229,8 @@ class WorkstationBase:
         if foreign is not None:
             raise name_taken(foreign)
 
-    def status(self) -> str:
-        """running | starting | stopped | failed | lost (a VMI on a node that stopped answering)."""
+    def status(self) -> WorkstationState:
+        """What the machine is doing; lost: its VMI is on a node that stopped answering."""
         vmi = self.vmi
         if vmi is None:
             return "stopped"
