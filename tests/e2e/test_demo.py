@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import site
 import subprocess
@@ -140,6 +141,27 @@ def test_demo_runs_a_workstation_and_stops_everything_on_ctrl_c(tmp_path):
             proc.kill()
 
 
+def lands_in_jupyterlab(browser, url: str, user: str, password: str):
+    """Log in as a person does and open the running server: JupyterLab's shell, and the Workstation
+    panel of the labextension the wheel carries (share/jupyter/labextensions)."""
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    try:
+        page = context.new_page()
+        page.goto(f"{url}/hub/login")
+        page.fill("#username_input", user)
+        page.fill("#password_input", password)
+        page.click("#login_submit")
+        page.wait_for_url(re.compile(r"/hub/(home|spawn|spawn-pending)|/user/"), timeout=60_000)
+        page.goto(f"{url}/user/{user}/lab")
+        page.locator("#jp-main-dock-panel").wait_for(timeout=120_000)
+        page.locator("#jupyterlab-splash").wait_for(state="detached", timeout=120_000)
+        page.locator('li[data-id="kubevirt-workstation"]').click()
+        page.locator(".kvs-panel .kvs-summary").wait_for(timeout=60_000)
+        assert "cpu" in page.locator(".kvs-panel .kvs-summary").inner_text()
+    finally:
+        context.close()
+
+
 def test_bad_configuration_stops_the_hub_at_start_up_naming_the_setting(e2e_sim, tmp_path):
     hub = Hub(tmp_path, e2e_sim, "c.KubeVirtSpawner.golden_image = 'golden'\n")
     try:
@@ -150,12 +172,13 @@ def test_bad_configuration_stops_the_hub_at_start_up_naming_the_setting(e2e_sim,
         hub.close()
 
 
-def test_the_demo_runs_from_an_installed_wheel_outside_any_checkout(tmp_path):
+def test_the_demo_runs_from_an_installed_wheel_outside_any_checkout(tmp_path, browser):
     """`pip install <wheel>` + `kubevirt-spawner demo --state DIR`, in a directory with no source tree
     and no upstream schemas: the hub config is package data, and the simulator starts without the
     schemas, saying so once. The project comes from the wheel (checked); its dependencies from this
     test's environment (a path file, so that environment's editable install of the checkout is not
-    seen), which spares downloading them again."""
+    seen), which spares downloading them again. A browser lands in JupyterLab with the wheel's
+    Workstation panel, as a new user of the `[demo]` extra would."""
     wheels, venv, work = tmp_path / "wheels", tmp_path / "venv", tmp_path / "elsewhere"
     work.mkdir()
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(wheels),
@@ -185,6 +208,7 @@ def test_the_demo_runs_from_an_installed_wheel_outside_any_checkout(tmp_path):
         assert landing.status_code == 200 and landing.url.startswith(f"{info['url']}/user/wendy/"), landing.url
         r = api.get(f"{info['url']}/user/wendy/api/contents/etc/os-release", timeout=30)
         assert r.status_code == 200 and "Ubuntu" in r.json()["content"], r.text
+        lands_in_jupyterlab(browser, info["url"], "wendy", info["password"])
         out = ctrl_c(proc)
     finally:
         if proc.poll() is None:
