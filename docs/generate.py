@@ -24,6 +24,15 @@ CONFIGURABLES = (
 )
 
 
+def settings_of(cls) -> dict:
+    """The settings a class of this package defines: its own and its bases' (KubeVirtSpawner's are
+    in KubeVirtSpawnerSettings), not those it inherits from JupyterHub or traitlets."""
+    def owner(name: str):
+        return next(c for c in cls.__mro__ if name in vars(c))
+    return {name: trait for name, trait in cls.class_traits(config=True).items()
+            if owner(name).__module__.startswith("kubevirt_spawner")}
+
+
 def _class(module: str, name: str):
     __import__(module)
     return getattr(sys.modules[module], name)
@@ -40,7 +49,7 @@ def configuration() -> str:
     for module, name, where, what in CONFIGURABLES:
         cls = _class(module, name)
         out += [f"## {name}", "", f"{what} Set in {where} as `c.{name}.SETTING`.", ""]
-        for trait_name, trait in sorted(cls.class_own_traits(config=True).items()):
+        for trait_name, trait in sorted(settings_of(cls).items()):
             default = trait.default_value_repr()
             if len(default) > 120:
                 default = default[:117] + "..."
@@ -70,7 +79,7 @@ def missing_help() -> list[str]:
     out = []
     for module, name, _, _ in CONFIGURABLES:
         cls = _class(module, name)
-        out += [f"{name}.{t}" for t, trait in cls.class_own_traits(config=True).items() if not _help(trait.help)]
+        out += [f"{name}.{t}" for t, trait in settings_of(cls).items() if not _help(trait.help)]
     return out
 
 

@@ -34,7 +34,7 @@ def test_the_reference_names_every_setting_of_each_class(generate):
     page = generate.configuration()
     for module, name, _, _ in generate.CONFIGURABLES:
         cls = generate._class(module, name)
-        for trait in cls.class_own_traits(config=True):
+        for trait in generate.settings_of(cls):
             assert f"### `c.{name}.{trait}`" in page
     # the settings the README's hand table missed (issue 29)
     for setting in ("termination_grace_period", "network_policy_ingress_from", "namespace_resource_quota",
