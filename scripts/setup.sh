@@ -9,6 +9,7 @@ if ! command -v npm >/dev/null 2>&1; then
   exit 1
 fi
 python3 -m pip install --quiet --disable-pip-version-check -e '.[test]'
+python3 -m pip install --quiet --disable-pip-version-check -r docs/requirements.txt  # the docs site's build
 if [ ! -x node_modules/.bin/configurable-http-proxy ]; then
   npm ci --no-audit --no-fund --loglevel=error
 fi

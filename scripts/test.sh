@@ -38,6 +38,10 @@ echo "== mypy (production modules)"
 python3 -m mypy
 echo "== import contracts (production never imports the simulator)"
 lint-imports --no-cache
+echo "== documentation site (Sphinx, warnings as errors)"
+docs_out=$(mktemp -d)
+python3 -m sphinx -W --keep-going -q -b html docs "$docs_out"
+rm -rf "$docs_out"
 echo "== pytest"
 # One pytest-xdist worker per CPU (at most four): the QEMU guests run on one of them while the others
 # take the rest (tests/conftest.py groups them). The slowest tests are listed at the end, so what

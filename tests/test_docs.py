@@ -1,10 +1,13 @@
-"""The docs that come from the code (docs/generate.py): every setting a site configures has help
-text, and the committed configuration reference and list of failures are what the code makes, so
-they cannot drift (as JupyterHub's docs/test_docs.py keeps its generated pages true)."""
+"""The documentation site: it builds with warnings as errors (broken links, missing images, pages
+outside the table of contents), every setting a site configures has help text, and the pages that
+come from the code (docs/generate.py: configuration, failures, metrics, the REST API) are what the
+code makes, so they cannot drift (as JupyterHub's docs/test_docs.py keeps its generated pages true)."""
 
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,7 +27,7 @@ def test_every_setting_has_help(generate):
     assert generate.missing_help() == []
 
 
-@pytest.mark.parametrize("page", ["configuration.md", "failures.md"])
+@pytest.mark.parametrize("page", ["configuration.md", "failures.md", "metrics.md", "api.md"])
 def test_the_generated_pages_are_what_the_code_makes(generate, page):
     assert (DOCS / page).read_text() == generate.PAGES[page](), \
         f"docs/{page} differs from the code: run `python docs/generate.py` and commit it"
@@ -47,3 +50,42 @@ def test_the_failures_page_lists_every_reason(generate):
     page = generate.failures()
     for reason in Reason:
         assert f"| `{reason.value}` | {reason.description} |" in page
+
+
+def test_the_metrics_page_lists_every_metric_of_the_service_with_its_labels(generate):
+    page = generate.metrics()
+    registry = generate.service_registry()
+    families = {family.name: family for family in registry.collect()}
+    assert {"workstations_operations", "workstations_cost", "workstations_held"} <= set(families)
+    for name, family in families.items():
+        assert f"`{name}{generate.SAMPLES[family.type][0]}`" in page
+    assert "| `workstations_operations_total` | counter | `kind`, `result` |" in page
+    assert "| `workstations_cost_total` | counter | `user`, `profile` |" in page
+    assert "| `workstations_operation_seconds_bucket`, `workstations_operation_seconds_sum`, " \
+           "`workstations_operation_seconds_count` | histogram | `kind` |" in page
+    assert "| `WorkstationSnapshotsFailing` | warning |" in page  # the alerts, from deploy/guardrails/
+
+
+def test_the_api_page_shows_every_operation_of_the_document(generate):
+    """Each operation, a default server's and a named server's as one `.../{user}[/servers/{server}]/...`."""
+    page = generate.api()
+    doc = generate.openapi()
+    for path, item in doc["paths"].items():
+        both = path.replace("/servers/{server}", "[/servers/{server}]") if "/servers/{server}" in path \
+            else path.replace("/{user}", "/{user}[/servers/{server}]", 1)
+        for method in ("get", "post", "put", "patch", "delete"):
+            if method in item:
+                assert f"`{method.upper()} {path}`" in page or f"`{method.upper()} {both}`" in page, (method, path)
+                assert f"### {item[method]['summary']}" in page
+
+
+def test_the_site_builds_with_warnings_as_errors(tmp_path):
+    """What scripts/test.sh runs: Sphinx with MyST (docs/requirements.txt, which scripts/setup.sh
+    installs), every warning an error: a broken link or image, a page in no table of contents."""
+    done = subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-E", "-q", "-b", "html",
+                           str(DOCS), str(tmp_path / "html")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for page in ("index", "tutorial", "api", "metrics", "configuration", "failures", "deploy/README",
+                 "admin/troubleshooting", "user/workstation"):
+        assert (tmp_path / "html" / f"{page}.html").is_file(), page
+    assert (tmp_path / "html" / "_images" / "workstation-panel.png").is_file()
