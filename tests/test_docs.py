@@ -6,13 +6,15 @@ code makes, so they cannot drift (as JupyterHub's docs/test_docs.py keeps its ge
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+REPO = Path(__file__).resolve().parent.parent
+DOCS = REPO / "docs"
 
 
 @pytest.fixture(scope="module")
@@ -89,3 +91,23 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path):
                  "admin/troubleshooting", "user/workstation"):
         assert (tmp_path / "html" / f"{page}.html").is_file(), page
     assert (tmp_path / "html" / "_images" / "workstation-panel.png").is_file()
+
+
+def test_the_readme_fits_on_one_screen_with_the_two_quick_start_commands():
+    """The README says what this is, shows the panel, gives the demo's and the tests' commands and
+    points to the docs; everything else lives in docs/ (issue 29)."""
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) < 120
+    assert "Set up and run the local demo (http://127.0.0.1:8000):\n\n```\n./scripts/demo.sh\n```" in readme
+    assert "Set up and run every test (this is what `.ci/run` runs):\n\n```\n./scripts/test.sh\n```" in readme
+    assert "![The Workstation panel in JupyterLab](docs/workstation-panel.png)" in readme
+    assert "python3 -m sphinx -b html docs " in readme
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme)
+    local = [link for link in links if "://" not in link]
+    assert "docs/tutorial.md" in local and "docs/api.md" in local
+    for link in local:
+        assert (REPO / link).exists(), link
+    # every page of the site is linked from the README
+    pages = {str(p.relative_to(REPO)) for p in DOCS.rglob("*.md")} - {"docs/index.md", "docs/deploy/README.md",
+                                                                        "docs/deploy/golden-image/README.md"}
+    assert pages <= set(local), sorted(pages - set(local))

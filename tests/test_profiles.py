@@ -413,9 +413,9 @@ delete_grace_period slow_spawn_message_threshold slow_spawn_message_frequency sl
 
 
 def test_the_readmes_kubespawner_table_covers_every_setting_and_names_real_ones():
-    """README "Coming from KubeSpawner": each KubeSpawner 7.1 setting has a row, and every setting
+    """docs/admin/profiles.md "Coming from KubeSpawner": each KubeSpawner 7.1 setting has a row, and every setting
     a row names here exists (a config trait of KubeVirtSpawner, JupyterHub's own included)."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "admin" / "profiles.md").read_text()
     table = readme.split("<!-- kubespawner-migration: checked by tests/test_profiles.py -->\n", 1)[1].split("\n\n")[0]
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()[2:]]
     assert rows and all(len(row) == 3 for row in rows), table
