@@ -6,7 +6,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 from kubevirt_spawner import kube as k
-from kubevirt_spawner.service.core import Caller, Workstations, cluster_refusal
+from kubevirt_spawner.service.access import Caller, cluster_refusal
+from kubevirt_spawner.service.core import Workstations
 from kubevirt_spawner.service.web import _back_up, _own_servers, _refresh
 
 T0 = datetime(2026, 11, 30, 10, 0, tzinfo=timezone.utc)
@@ -15,12 +16,12 @@ RUNNING = {"ready": True, "last_activity": "2026-11-30T10:00:00.000000Z"}
 
 def test_the_idle_deadline_runs_from_the_last_activity_or_the_end_of_a_keepalive():
     core = Workstations(hub=None, idle_timeout=3600)
-    assert core._idle(RUNNING, None)["deadline"] == "2026-11-30T11:00:00Z"
+    assert core.activity.idle(RUNNING, None)["deadline"] == "2026-11-30T11:00:00Z"
     # a keep-alive reports activity until it ends: the culler's timeout starts then
-    assert core._idle(RUNNING, T0 + timedelta(hours=4))["deadline"] == "2026-11-30T15:00:00Z"
-    assert core._idle(RUNNING, T0 - timedelta(hours=1))["deadline"] == "2026-11-30T11:00:00Z"
-    assert core._idle({"ready": False, "last_activity": RUNNING["last_activity"]}, None) is None
-    assert Workstations(hub=None)._idle(RUNNING, None) is None  # no idle stops configured
+    assert core.activity.idle(RUNNING, T0 + timedelta(hours=4))["deadline"] == "2026-11-30T15:00:00Z"
+    assert core.activity.idle(RUNNING, T0 - timedelta(hours=1))["deadline"] == "2026-11-30T11:00:00Z"
+    assert core.activity.idle({"ready": False, "last_activity": RUNNING["last_activity"]}, None) is None
+    assert Workstations(hub=None).activity.idle(RUNNING, None) is None  # no idle stops configured
 
 
 def test_a_servers_token_acts_on_its_own_workstation_only():
@@ -66,7 +67,8 @@ def test_a_guest_report_is_checked_and_the_why_ages_with_the_guests_interval():
     and with no reason left the status says since when the machine is idle."""
     import pytest
 
-    from kubevirt_spawner.service.core import ServiceError, check_activity_report
+    from kubevirt_spawner.service.access import ServiceError
+    from kubevirt_spawner.service.activity import check_activity_report
     reasons = [{"source": "gpu", "text": "GPU 0 (NVIDIA A100-PCIE-40GB) 87 % busy at 10:42", "since": None},
                {"source": "ssh", "text": "SSH session of alice from 10.0.0.5", "since": "2026-11-30T09:10:00Z"}]
     check_activity_report(reasons, 60)
@@ -87,12 +89,12 @@ def test_a_guest_report_is_checked_and_the_why_ages_with_the_guests_interval():
 
     core = Workstations(hub=None)
     at = datetime(2026, 11, 30, 10, 0, tzinfo=timezone.utc)
-    core._activity[("alice", "")] = {"at": at, "every": 60, "sources": reasons}
-    fresh = core._why_active("alice", "", RUNNING, None, now=at + timedelta(seconds=179))
+    core.activity.reports[("alice", "")] = {"at": at, "every": 60, "sources": reasons}
+    fresh = core.activity.why_active("alice", "", RUNNING, None, now=at + timedelta(seconds=179))
     assert fresh == {"reported": "2026-11-30T10:00:00Z", "sources": reasons, "idle_since": None}
-    stale = core._why_active("alice", "", RUNNING, None, now=at + timedelta(seconds=181))
+    stale = core.activity.why_active("alice", "", RUNNING, None, now=at + timedelta(seconds=181))
     assert stale == {"reported": None, "sources": [], "idle_since": "2026-11-30T10:00:00Z"}
-    kept = core._why_active("alice", "", RUNNING, at + timedelta(minutes=30), now=at + timedelta(seconds=181))
+    kept = core.activity.why_active("alice", "", RUNNING, at + timedelta(minutes=30), now=at + timedelta(seconds=181))
     assert [s["source"] for s in kept["sources"]] == ["keepalive"] and kept["idle_since"] is None
 
 
@@ -109,9 +111,9 @@ async def test_keepalives_are_reported_until_they_end_and_survive_a_stop_meanwhi
         async def record_activity(self, user, server, when):
             self.calls.append((user, when))
             if user == "stopped":
-                core._keepalives.pop((user, server), None)  # a stop meanwhile
+                core.activity.keepalives.pop((user, server), None)  # a stop meanwhile
             if user == "renewed" and len([c for c in self.calls if c[0] == "renewed"]) == 1:
-                core._keepalives[(user, server)] = datetime.now(timezone.utc) + timedelta(minutes=5)
+                core.activity.keepalives[(user, server)] = datetime.now(timezone.utc) + timedelta(minutes=5)
             if user == "broken":
                 raise RuntimeError("the hub's answer made no sense")
 
@@ -119,15 +121,15 @@ async def test_keepalives_are_reported_until_they_end_and_survive_a_stop_meanwhi
     core = Workstations(hub=hub, keepalive_interval=0.05)
     now = datetime.now(timezone.utc)
     ended = now - timedelta(seconds=1)
-    core._keepalives = {("broken", ""): now + timedelta(minutes=5), ("stopped", ""): now + timedelta(minutes=5),
+    core.activity.keepalives = {("broken", ""): now + timedelta(minutes=5), ("stopped", ""): now + timedelta(minutes=5),
                         ("ended", ""): ended, ("renewed", ""): ended}
-    task = asyncio.ensure_future(core.report_keepalives())
+    task = asyncio.ensure_future(core.activity.report_keepalives())
     await asyncio.sleep(0.3)
     assert not task.done(), task
     task.cancel()
-    assert ("ended", ended) in hub.calls and ("ended", "") not in core._keepalives  # its end, once
+    assert ("ended", ended) in hub.calls and ("ended", "") not in core.activity.keepalives  # its end, once
     assert len([c for c in hub.calls if c[0] == "ended"]) == 1
-    assert ("renewed", "") in core._keepalives and ("stopped", "") not in core._keepalives
+    assert ("renewed", "") in core.activity.keepalives and ("stopped", "") not in core.activity.keepalives
     assert len([c for c in hub.calls if c[0] == "broken"]) > 1  # tried again at every interval
 
 
@@ -161,7 +163,7 @@ def test_every_source_the_guest_reports_is_one_the_service_takes():
     import time
 
     from kubevirt_spawner.guest.activity import TUNNELS_KEY, open_tunnels
-    from kubevirt_spawner.service.core import check_activity_report
+    from kubevirt_spawner.service.activity import check_activity_report
     now = time.time()
     report = open_tunnels({TUNNELS_KEY: {1: {"from": "10.0.0.5", "since": now - 60}}}, now)
     assert report[0]["source"] == "ssh-tunnel"
@@ -174,14 +176,14 @@ def test_the_capacity_view_lists_who_is_on_ssh_from_fresh_reports():
     core = Workstations(hub=None)
     now = datetime.now(timezone.utc)
     tunnel = {"source": "ssh-tunnel", "text": "SSH through the hub from 10.0.0.5 since 09:10", "since": "x"}
-    core._activity = {
+    core.activity.reports = {
         ("alice", ""): {"at": now, "every": 60, "sources": [tunnel, {"source": "gpu", "text": "GPU 0", "since": None}]},
         ("bob", "gpu"): {"at": now, "every": 60, "sources": [{"source": "ssh", "text": "SSH session of bob",
                                                                "since": None}]},
         ("carl", ""): {"at": now - timedelta(minutes=10), "every": 60, "sources": [tunnel]},  # stale
         ("dora", ""): {"at": now, "every": 60, "sources": [{"source": "jupyter", "text": "Jupyter", "since": None}]},
     }
-    assert [(s["user"], s["server"], s["text"]) for s in core.ssh_sessions(now)] == [
+    assert [(s["user"], s["server"], s["text"]) for s in core.activity.ssh_sessions(now)] == [
         ("alice", "", tunnel["text"]), ("bob", "gpu", "SSH session of bob")]
 
 
@@ -194,6 +196,7 @@ def test_the_status_lists_the_extra_disks_scratch_disk_and_shared_data_with_thei
     import types as _types
 
     from kubevirt_spawner import manifests as m
+    from kubevirt_spawner.service.usage import data_disks
     spec = m.MachineSpec(scratch_disk_size="50Gi", shared_data=m.shared_data(
         [{"claim": "datasets", "mount_path": "/data/datasets", "read_only": True}]),
         extra_disks=m.extra_disks([{"name": "models", "size": "20Gi", "mount_path": "/data/models"}]))
@@ -205,16 +208,16 @@ def test_the_status_lists_the_extra_disks_scratch_disk_and_shared_data_with_thei
     ws = _types.SimpleNamespace(vm=m.virtual_machine(ident, spec), spec=spec, ident=ident, caches=caches)
     usage = {"live": True, "scratch": {"used": 2**30, "total": 50 * 2**30, "at": "t"},
              "disk-models": {"used": 5 * 2**30, "total": 25 * 2**30, "at": "t"}}
-    disks = Workstations._data_disks(ws, usage)
+    disks = data_disks(ws, usage)
     assert disks["extra"] == [{"name": "models", "path": "/data/models", "claim": "dave-workspace-models",
                                "size": "25Gi", "used_bytes": 5 * 2**30, "total_bytes": 25 * 2**30, "percent": 20.0,
                                "level": "ok", "measured": "t", "live": True}]
     assert disks["scratch"]["size"] == "50Gi" and disks["scratch"]["percent"] == 2.0 and disks["scratch"]["live"]
     assert disks["shared"] == [{"name": "datasets", "claim": "datasets", "path": "/data/datasets", "read_only": True}]
-    stopped = Workstations._data_disks(ws, {"root": {"used": 1, "total": 2, "at": "t"}})
+    stopped = data_disks(ws, {"root": {"used": 1, "total": 2, "at": "t"}})
     assert stopped["scratch"]["used_bytes"] is None and not stopped["scratch"]["live"]
     assert stopped["extra"][0]["size"] == "25Gi" and stopped["extra"][0]["used_bytes"] is None
     plain = m.MachineSpec()
-    assert Workstations._data_disks(_types.SimpleNamespace(vm=m.virtual_machine(ident, plain), spec=plain,
+    assert data_disks(_types.SimpleNamespace(vm=m.virtual_machine(ident, plain), spec=plain,
                                                            ident=ident, caches=caches), {}) == \
         {"extra": [], "scratch": None, "shared": []}

@@ -13,7 +13,8 @@ import aiohttp
 import pytest
 from traitlets.config import Config
 
-from kubevirt_spawner.service.core import Caller, ServiceError, Workstations
+from kubevirt_spawner.service.access import Caller, ServiceError
+from kubevirt_spawner.service.core import Workstations
 from kubevirt_spawner.service.sshkeys import MAX_KEYS_PER_USER, BadKey, KeyStore, normal_fingerprint, parse_public_key
 
 

@@ -1268,7 +1268,8 @@ async def test_concurrent_snapshots_cannot_pass_the_users_limit_together(env, ws
     """Issue 30, item 5. The limit was checked before the snapshot's create, outside any lock: 30
     requests at once all saw 0 of 5 and made 30 snapshots (outside the namespace's quota, in the
     shared Ceph pool). Now the requests in flight count too: 5 are made, 25 refused with a sentence."""
-    from kubevirt_spawner.service.core import Caller, ServiceError, Workstations
+    from kubevirt_spawner.service.access import Caller, ServiceError
+    from kubevirt_spawner.service.core import Workstations
     ws = workstation(env, "lena")
     await ws.start({}, [])
     await ws.stop()
@@ -1318,7 +1319,8 @@ async def test_a_name_with_a_newline_cannot_forge_a_log_line(env, wsim, caplog):
     """Issue 30, item 7. A snapshot name is the user's choice and reached the audit line raw: a
     name with a newline wrote a second, forged audit line. Every argument of the service's lines
     and of a workstation's is made printable (escaped) first."""
-    from kubevirt_spawner.service.core import Caller, ServiceError, Workstations
+    from kubevirt_spawner.service.access import Caller, ServiceError
+    from kubevirt_spawner.service.core import Workstations
     ws = workstation(env, "nell")
     await ws.start({}, [])
     c = Config()
@@ -1343,7 +1345,8 @@ async def test_a_workstations_own_token_may_not_delete_its_snapshots(env, wsim):
     service as the owner and delete every snapshot. By default that token may restore and reset
     (each takes a safety snapshot first) but not delete a snapshot, which only the owner's login
     does; `server_token_actions` says what sharing grants."""
-    from kubevirt_spawner.service.core import Caller, ServiceError, Workstations
+    from kubevirt_spawner.service.access import Caller, ServiceError
+    from kubevirt_spawner.service.core import Workstations
     ws = workstation(env, "tess")
     await ws.start({}, [])
     await ws.take_snapshot("keep")
@@ -1414,7 +1417,8 @@ async def test_concurrent_restores_cannot_pass_the_users_limit_with_their_safety
     """Issue 30, item 5: a restore's safety snapshot counts from the moment it is asked for. With
     3 of 4 snapshots taken, restores of three of the user's servers at once leave room for one
     safety snapshot: one begins, two are refused (before, each saw 3 of 4 and all three began)."""
-    from kubevirt_spawner.service.core import Caller, ServiceError, Workstations
+    from kubevirt_spawner.service.access import Caller, ServiceError
+    from kubevirt_spawner.service.core import Workstations
     machines = [Workstation(env.kube, env.caches, names.identity("lars", server), m.MachineSpec(),
                             Settings(url_mode="cluster-ip"), LOG) for server in ("", "a", "b")]
     for ws in machines:
@@ -1431,7 +1435,7 @@ async def test_concurrent_restores_cannot_pass_the_users_limit_with_their_safety
     refused = [r for r in results if isinstance(r, ServiceError)]
     assert len(refused) == 2 and all("a restore takes a safety snapshot first" in r.message for r in refused), \
         results
-    for task in list(service._tasks.values()):
+    for task in list(service.actions.tasks.values()):
         await asyncio.wait_for(task, 120)
     assert sum(len(ws.snapshots()) for ws in machines) == 4
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
@@ -28,11 +29,17 @@ from .. import kube as k
 from .. import manifests as m
 from ..objects import field_value
 from ..operations import Operation
-from . import core as c  # (core makes a Drains: its names are read at call time)
-from .hub import HubError
+from . import times
+from .access import SERVICE_CALLER, Caller, ServiceError, workstation_path
+from .hub import Hub, HubError
 
 if TYPE_CHECKING:
     from ..workstation import Workstation
+    from .actions import Actions
+    from .audit import Audit
+    from .hubsettings import HubSettings
+    from .metrics import ServiceMetrics
+    from .settings import WorkstationsSettings
 
 # An admin may say why on the node (kubectl annotate node NODE kubevirt-spawner.io/drain-reason=...)
 ANNOTATION_NODE_REASON = m.LABEL_PREFIX + "drain-reason"
@@ -72,7 +79,7 @@ def active(record: dict | None, vmi: dict | None) -> bool:
 
 def check_node_name(node) -> str:
     if not isinstance(node, str) or not _NODE_NAME.match(node):
-        raise c.ServiceError(400, "Name a node by its Kubernetes name (lowercase letters, digits, '-' and '.').")
+        raise ServiceError(400, "Name a node by its Kubernetes name (lowercase letters, digits, '-' and '.').")
     return node
 
 
@@ -80,7 +87,7 @@ def check_reason(reason) -> str:
     if reason is None:
         return ""
     if not isinstance(reason, str) or len(reason) > REASON_MAX or any(ord(ch) < 32 for ch in reason):
-        raise c.ServiceError(400, f"A drain's reason is one line of at most {REASON_MAX} characters.")
+        raise ServiceError(400, f"A drain's reason is one line of at most {REASON_MAX} characters.")
     return reason.strip()
 
 
@@ -96,9 +103,15 @@ def stop_text(record: dict) -> str:
 class Drains:
     """Finds workstations on nodes being drained and stops them after their grace."""
 
-    def __init__(self, core: c.Workstations):
-        self.core = core
-        self.log = core.log
+    def __init__(self, settings: WorkstationsSettings, hub: Hub, hub_settings: HubSettings, actions: Actions,
+                 audit: Audit, metrics: ServiceMetrics, log: logging.Logger | logging.LoggerAdapter):
+        self.settings = settings
+        self.hub = hub
+        self.hub_settings = hub_settings
+        self.actions = actions
+        self.audit = audit
+        self.metrics = metrics
+        self.log = log
         self._stopping: dict[tuple[str, str], asyncio.Task] = {}
         # The last record written per workstation: the cache may not show it yet, and an older
         # copy must not start a drain again (a later deadline) or finish one twice.
@@ -112,7 +125,7 @@ class Drains:
         if record is None or not active(record, vmi):
             return None
         return {"node": record["node"], "reason": record.get("reason") or "", "since": record["since"],
-                "deadline": record["deadline"], "grace_seconds": self.core.drain_grace}
+                "deadline": record["deadline"], "grace_seconds": self.settings.drain_grace}
 
     @staticmethod
     def last_stop(vm: dict | None, vmi: dict | None) -> dict | None:
@@ -124,7 +137,7 @@ class Drains:
                 "at": record["stopped_at"], "text": stop_text(record)}
 
     def _node_reason(self, node: str) -> str:
-        obj = self.core._caches().nodes.get("", node)
+        obj = self.hub_settings.caches.nodes.get("", node)
         reason = ((obj or {}).get("metadata", {}).get("annotations") or {}).get(ANNOTATION_NODE_REASON) or ""
         try:
             return check_reason(reason)
@@ -133,7 +146,7 @@ class Drains:
 
     def on_node(self, node: str) -> list[tuple[str, str, dict, dict]]:
         """(user, server, vm, vmi) of every workstation whose machine runs on the node."""
-        caches = self.core._caches()
+        caches = self.hub_settings.caches
         out = []
         for vmi in caches.vmis.values():
             if running_on(vmi) != node:
@@ -157,8 +170,8 @@ class Drains:
         """One round: new evacuations get their warning and deadline; due ones are stopped;
         machines that went before their deadline are recorded as stopped. Nothing is decided on
         caches that do not have the cluster's state yet (a restarted service's first moments)."""
-        now = now or c._now()
-        caches = self.core._caches()
+        now = now or times.now()
+        caches = self.hub_settings.caches
         if not caches.synced:
             return
         for vm in list(caches.vms.values()):
@@ -171,7 +184,7 @@ class Drains:
                 await self._check_one(user, server, vm, caches.vmis.get(vm["metadata"]["namespace"],
                                                                          vm["metadata"]["name"]), now)
             except Exception:
-                self.log.exception("drain: checking %s failed", c.workstation_path(user, server))
+                self.log.exception("drain: checking %s failed", workstation_path(user, server))
 
     def _record(self, user: str, server: str, vm: dict) -> dict | None:
         """The workstation's drain record: the cache's, or the one last written when the cache does
@@ -195,45 +208,45 @@ class Drains:
             return
         if not active(record, vmi):
             if (user, server) not in self._stopping:  # it went by itself (Stop now, a user's stop, a restore)
-                early = now < (c._parse_time(record.get("deadline")) or now)
+                early = now < (times.parse_time(record.get("deadline")) or now)
                 await self._finish(user, server, record, "before-grace" if early else "after-grace", now)
             return
-        if now >= (c._parse_time(record.get("deadline")) or now) and (user, server) not in self._stopping:
+        if now >= (times.parse_time(record.get("deadline")) or now) and (user, server) not in self._stopping:
             self._stopping[(user, server)] = asyncio.ensure_future(self._stop(user, server, record))
 
     async def _begin(self, user: str, server: str, vmi: dict, node: str, reason: str, by: str,
                      now: datetime) -> dict:
-        record = {"node": node, "vmi": vmi["metadata"]["uid"], "reason": reason, "by": by, "since": c._iso(now),
-                  "deadline": c._iso(now + timedelta(seconds=self.core.drain_grace))}
-        ws = await self.core.workstation(user, server)
+        record = {"node": node, "vmi": vmi["metadata"]["uid"], "reason": reason, "by": by, "since": times.iso(now),
+                  "deadline": times.iso(now + timedelta(seconds=self.settings.drain_grace))}
+        ws = await self.hub_settings.workstation(user, server)
         await self._write(ws, record)
-        self.core._audit(self.core.service_caller, "drain-warn", ws, f"stop due {record['deadline']}",
+        self.audit.of(SERVICE_CALLER, "drain-warn", ws, f"stop due {record['deadline']}",
                          f"node {node}" + (f": {reason}" if reason else ""))
-        self.core.m_drains.labels("warned").inc()
+        self.metrics.drains.labels("warned").inc()
         return record
 
     async def _stop(self, user: str, server: str, record: dict):
         """The grace is over: stop through the hub (so its view stays true), then record it."""
         try:
-            ws = await self.core.workstation(user, server)
-            caller = self.core.service_caller
-            async with self.core._lock(user, server):
+            ws = await self.hub_settings.workstation(user, server)
+            caller = SERVICE_CALLER
+            async with self.actions.lock(user, server):
                 op = Operation.from_vm(ws.vm)
                 if op is not None and op.state == "running":
                     return  # (a restore or reset stops and starts the machine itself; next round)
-                if await self.core.hub.running(user, server):
-                    await self.core._stop(caller, ws)
+                if await self.hub.running(user, server):
+                    await self.actions.stop_through_hub(caller, ws)
                 if running_on(ws.vmi) == record["node"]:  # the hub did not know it ran: stop the VM itself
-                    await self.core._audited(caller, "stop", ws, ws.stop())
+                    await self.audit.audited(caller, "stop", ws, ws.stop())
             if running_on(ws.vmi) == record["node"]:
                 return  # (still there: tried again next round)
             self._hub_trouble.discard((user, server))
-            await self._finish(user, server, record, "after-grace", c._now())
-        except (c.ServiceError, HubError, aiohttp.ClientError, asyncio.TimeoutError) as err:
+            await self._finish(user, server, record, "after-grace", times.now())
+        except (ServiceError, HubError, aiohttp.ClientError, asyncio.TimeoutError) as err:
             # (audited) tried again next round; told once while it lasts (the hub may be down)
             if (user, server) not in self._hub_trouble:
                 self._hub_trouble.add((user, server))
-                self.log.warning("drain: stopping %s failed, trying again: %s", c.workstation_path(user, server),
+                self.log.warning("drain: stopping %s failed, trying again: %s", workstation_path(user, server),
                                  getattr(err, "message", None) or type(err).__name__)
         except Exception:
             self.log.exception("drain: stopping %s failed", f"{user}/{server}")
@@ -241,33 +254,33 @@ class Drains:
             self._stopping.pop((user, server), None)
 
     async def _finish(self, user: str, server: str, record: dict, how: str, now: datetime):
-        ws = await self.core.workstation(user, server)
-        done = {**record, "stopped_at": c._iso(now), "stopped": how}
+        ws = await self.hub_settings.workstation(user, server)
+        done = {**record, "stopped_at": times.iso(now), "stopped": how}
         await self._write(ws, done)
-        self.core._audit(self.core.service_caller, "drain-stop", ws, "stopped " + how.replace("-", " "),
+        self.audit.of(SERVICE_CALLER, "drain-stop", ws, "stopped " + how.replace("-", " "),
                          f"node {record['node']}")
-        self.core.m_drains.labels(f"stopped-{how}").inc()
+        self.metrics.drains.labels(f"stopped-{how}").inc()
 
     async def _write(self, ws: Workstation, record: dict):
         self._written[(ws.ident.user, ws.ident.server)] = record
         await ws.kube.patch(k.VM, ws.ident.namespace, ws.ident.vm, {"metadata": {"annotations": {
             m.ANNOTATION_DRAIN: json.dumps(record, sort_keys=True)}}})
 
-    async def drain_node(self, caller: c.Caller, node, dry_run=False, reason=None) -> dict:
+    async def drain_node(self, caller: Caller, node, dry_run=False, reason=None) -> dict:
         """An admin's drain of a node: every workstation on it is warned and stopped after the
         grace, as if `kubectl drain` had evicted it. The node must be cordoned first (409 otherwise),
         so that no workstation starts there again (a dry run only lists who would be warned)."""
         if not caller.admin:
-            raise c.ServiceError(403, "Only administrators drain nodes.")
+            raise ServiceError(403, "Only administrators drain nodes.")
         node = check_node_name(node)
         reason = check_reason(reason)
         if not isinstance(dry_run, bool):
-            raise c.ServiceError(400, '"dry_run" must be true or false.')
+            raise ServiceError(400, '"dry_run" must be true or false.')
         obj = self._node(node)
         if not dry_run and not field_value(obj, "spec.unschedulable"):
-            raise c.ServiceError(409, f"Cordon {node} first (kubectl cordon {node}): a workstation stopped for the "
+            raise ServiceError(409, f"Cordon {node} first (kubectl cordon {node}): a workstation stopped for the "
                                       "drain could start there again.")
-        now = c._now()
+        now = times.now()
         warned = []
         for user, server, vm, vmi in self.on_node(node):
             record = drain_record(vm)
@@ -275,12 +288,12 @@ class Drains:
                 record = await self._begin(user, server, vmi, node, reason or self._node_reason(node), "admin", now)
             warned.append(self._entry(user, server, record if active(record, vmi) else None))
         return {"node": node, "dry_run": dry_run, "cordoned": bool(field_value(obj, "spec.unschedulable")),
-                "grace_seconds": self.core.drain_grace, "workstations": warned}
+                "grace_seconds": self.settings.drain_grace, "workstations": warned}
 
-    def node_state(self, caller: c.Caller, node) -> dict:
+    def node_state(self, caller: Caller, node) -> dict:
         """What still runs on the node, with each drain's deadline."""
         if not caller.admin:
-            raise c.ServiceError(403, "Only administrators drain nodes.")
+            raise ServiceError(403, "Only administrators drain nodes.")
         node = check_node_name(node)
         obj = self._node(node)
         return {"node": node, "cordoned": bool(field_value(obj, "spec.unschedulable")),
@@ -288,9 +301,9 @@ class Drains:
                                  for user, server, vm, vmi in self.on_node(node)]}
 
     def _node(self, node: str) -> dict:
-        obj = self.core._caches().nodes.get("", node)
+        obj = self.hub_settings.caches.nodes.get("", node)
         if obj is None:
-            raise c.ServiceError(404, f"There is no node named {node}.")
+            raise ServiceError(404, f"There is no node named {node}.")
         return obj
 
     @staticmethod

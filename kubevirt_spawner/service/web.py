@@ -25,7 +25,8 @@ from traitlets.config.loader import PyFileConfigLoader
 from .. import kube as k
 from ..workstation import WorkstationError
 from . import CONFIG_ENV, SERVICE_NAME
-from .core import Caller, ServiceError, Workstations, cluster_refusal, workstation_path
+from .access import Caller, ServiceError, cluster_refusal, workstation_path
+from .core import Workstations
 from .hub import Hub
 from .metering import csv_report, month_of, previous_month
 
@@ -480,7 +481,8 @@ async def serve(port: int, config_path: str | None = None, ip: str = "127.0.0.1"
     app = make_app(core, prefix, hub_prefix)
     app.listen(port, ip, max_body_size=MAX_READ_BYTES)
     log.info("workstations service on %s:%d%s (hub config %s)", ip, port, prefix, path)
-    background = [asyncio.ensure_future(core.report_keepalives()), asyncio.ensure_future(core.resume_interrupted()),
+    background = [asyncio.ensure_future(core.activity.report_keepalives()),
+                  asyncio.ensure_future(core.actions.resume_interrupted()),
                   asyncio.ensure_future(core.drains.check_forever(core.drain_check_every)),
                   asyncio.ensure_future(core.meter.observe_forever(core.meter_every))]
     try:
