@@ -16,8 +16,9 @@ import time
 import pytest
 
 from kubevirt_spawner.objects import field_value
+from kubevirt_spawner.sim.agent import qemu_agent_answer
 from kubevirt_spawner.sim.cluster import Cluster
-from kubevirt_spawner.sim.compute import VM, VMI, qemu_agent_answer
+from kubevirt_spawner.sim.instances import VM, VMI
 from kubevirt_spawner.sim.machines import (
     GoldenImage,
     QemuGuest,

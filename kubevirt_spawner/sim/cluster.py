@@ -18,8 +18,9 @@ import time
 
 from ..objects import field_value
 from .auth import Authenticator
-from .compute import NODE, VM, VMI, Compute
+from .compute import Compute
 from .faults import Faults
+from .instances import NODE, VM, VMI
 from .launcher import POD
 from .machines import GoldenImage
 from .network import SERVICE, Network
@@ -231,7 +232,7 @@ class Cluster:
             task.cancel()
         for q in getattr(self, "queues", []):
             await q.stop()
-        shutdowns = list(self.compute._shutdowns)
+        shutdowns = list(self.compute.shutdowns)
         for task in shutdowns:
             task.cancel()
         await asyncio.gather(*shutdowns, return_exceptions=True)

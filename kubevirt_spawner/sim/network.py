@@ -13,7 +13,7 @@ import logging
 import random
 
 from ..objects import field_value
-from .compute import VMI
+from .instances import VMI
 from .resources import BY_KIND
 from .selectors import match_labels_matcher
 

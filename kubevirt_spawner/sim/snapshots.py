@@ -12,8 +12,8 @@ from ..objects import field_value
 from ..quantity import parse_quantity
 from . import errors
 from .admission import admit
-from .compute import VM, VMI, claim_names, run_strategy
 from .conditions import condition, get_condition, set_condition
+from .instances import VM, VMI, claim_names, run_strategy
 from .machines import QemuGuest
 from .qemu import AgentError
 from .resources import BY_KIND

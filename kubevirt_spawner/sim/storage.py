@@ -13,8 +13,10 @@ from ..objects import field_value
 from ..quantity import parse_quantity
 from . import errors
 from .admission import admit
+from .attachdetach import attachments
 from .conditions import condition, set_condition
 from .guests import not_on_disk
+from .instances import VMI, claim_names
 from .qemu import sparse_copy
 from .resources import BY_KIND
 
@@ -94,7 +96,7 @@ class Storage:
             return
         meta = pvc["metadata"]
         if meta.get("deletionTimestamp"):
-            if PVC_PROTECTION in (meta.get("finalizers") or []) and not self.c.compute.attachments(ns, name):
+            if PVC_PROTECTION in (meta.get("finalizers") or []) and not attachments(self.store, ns, name):
                 new = copy.deepcopy(pvc)
                 new["metadata"]["finalizers"] = [f for f in meta["finalizers"] if f != PVC_PROTECTION]
                 self.store.update(PVC, new, check_rv=False)
@@ -129,7 +131,6 @@ class Storage:
                                  "kubelet")
 
     def _has_consumer(self, pvc: dict) -> bool:
-        from .compute import VMI, claim_names
         ns, name = pvc["metadata"]["namespace"], pvc["metadata"]["name"]
         return any(name in (c for _, c in claim_names(v.get("spec") or {})) for v in self.store.list(VMI, ns))
 
