@@ -27,11 +27,12 @@ from .network import SERVICE, Network
 from .operators import Operators
 from .rbac import ensure_bootstrap_policy
 from .resources import BY_KIND
+from .restores import RESTORE, Restores
 from .runtime import EventRecorder, WorkQueue
 from .schema import SchemaRegistry, schema_not_found_message
 from .seed import label_virt_handler_nodes, put_cpu_nodes_in_pool, seed_cluster
 from .server import RequestCounter
-from .snapshots import RESTORE, SNAP, VS, Snapshots
+from .snapshots import SNAP, VS, Snapshots
 from .storage import DV, PVC, PVC_PROTECTION, Storage, default_storage_class
 from .store import Store
 
@@ -147,6 +148,7 @@ class Cluster:
         self.compute = Compute(self)
         self.storage = Storage(self)
         self.snapshots = Snapshots(self)
+        self.restores = Restores(self)
         self.network = Network(self)
         self.operators = Operators(self)
         self.started = False
@@ -186,7 +188,7 @@ class Cluster:
         self.pvc_queue = WorkQueue("pvc", self.storage.reconcile_pvc)
         self.dv_queue = WorkQueue("datavolume", self.storage.reconcile_dv)
         self.snapshot_queue = WorkQueue("vmsnapshot", self.snapshots.reconcile_snapshot)
-        self.restore_queue = WorkQueue("vmrestore", self.snapshots.reconcile_restore)
+        self.restore_queue = WorkQueue("vmrestore", self.restores.reconcile_restore)
         self.service_queue = WorkQueue("service", self.network.reconcile_service)
         self.node_queue = WorkQueue("node", self.compute.reconcile_node)
         self.pod_queue = WorkQueue("pod", self.compute.reconcile_pod)

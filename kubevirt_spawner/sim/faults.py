@@ -8,8 +8,8 @@ import re
 import time
 
 from . import errors
+from .restores import RESTORE
 from .server import FaultPicker
-from .snapshots import RESTORE
 
 
 def _number(v) -> bool:
