@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .errors import ApiError
 from .resources import RESOURCE_TYPES, SUBRESOURCES_GROUP, VM_ACTIONS, VMI_AGENT_CALLS, groups
 
 VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
@@ -106,3 +107,40 @@ def openapi_v3_group_version(group: str, version: str) -> dict | None:
         return None
     return {"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.32.0"}, "paths": paths,
             "components": {"schemas": {}}}
+
+
+def document(path: str, host: str) -> dict | str | None:
+    """The discovery document, health answer or OpenAPI document at a path; None where the path is
+    no such thing (a resource's, then)."""
+    if path in ("/healthz", "/readyz", "/livez"):
+        return "ok"
+    if path == "/version":
+        return version()
+    if path == "/api":
+        return api_versions(host)
+    if path == "/api/v1":
+        return resource_list("", "v1")
+    if path == "/apis":
+        return api_group_list()
+    if path == "/openapi/v3":
+        return openapi_v3_root()
+    if path.startswith("/openapi/v3/"):
+        rest = path[len("/openapi/v3/"):].split("/")
+        doc = (openapi_v3_group_version("", "v1") if rest == ["api", "v1"] else
+               openapi_v3_group_version(rest[1], rest[2]) if len(rest) == 3 and rest[0] == "apis"
+               else None)
+        if doc is None:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        return doc
+    parts = path.split("/")
+    if len(parts) == 3 and parts[1] == "apis":
+        doc = api_group(parts[2])
+        if doc is None:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        return doc
+    if len(parts) == 4 and parts[1] == "apis":
+        doc = resource_list(parts[2], parts[3])
+        if doc is None:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        return doc
+    return None

@@ -74,6 +74,13 @@ class ResourceType:
         v = version or self.versions[0]
         return f"{self.group}/{v}" if self.group else v
 
+    def versioned(self, obj: dict, version: str) -> dict:
+        """The object as the given version of the resource serves it: its apiVersion says so."""
+        if self.group and obj.get("apiVersion") != f"{self.group}/{version}":
+            obj = dict(obj)
+            obj["apiVersion"] = f"{self.group}/{version}"
+        return obj
+
     @property
     def group_resource(self) -> str:
         """How Kubernetes names the resource in error messages: `virtualmachines.kubevirt.io`."""

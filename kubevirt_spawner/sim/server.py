@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import collections
 import copy
@@ -23,7 +22,7 @@ from .eviction import evict
 from .patch import apply_patch
 from .resources import BY_KIND, CRD_GROUPS, SUBRESOURCES_GROUP, VM_ACTIONS, VMI_AGENT_CALLS, lookup
 from .selectors import parse_field_selector, parse_label_selector
-from .store import Watcher, watch_event_for
+from .watch import WatchStream
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +51,7 @@ class ApiHandler(tornado.web.RequestHandler):
     def initialize(self, cluster):
         self.cluster = cluster
         self.store = cluster.store
-        self._watcher: Watcher | None = None
+        self._watch: WatchStream | None = None
         self.user = ANONYMOUS
 
     def check_xsrf_cookie(self):
@@ -93,8 +92,8 @@ class ApiHandler(tornado.web.RequestHandler):
             raise errors.bad_request(f"the request body could not be decoded: {exc}") from None
 
     def on_connection_close(self):
-        if self._watcher:
-            self._watcher.close()
+        if self._watch:
+            self._watch.close()
 
     async def get(self, path):
         await self._dispatch("GET")
@@ -119,7 +118,7 @@ class ApiHandler(tornado.web.RequestHandler):
                 return self._send(result)
             self.user = self.cluster.auth.authenticate(self.request.headers.get("Authorization"))
             if method == "GET":
-                doc = self._discovery(path)
+                doc = discovery.document(path, self.request.host)
                 if doc is not None:
                     self._authorize(rbac.Request("get", path=path))
                     return self._send(doc)
@@ -131,40 +130,6 @@ class ApiHandler(tornado.web.RequestHandler):
             self._fail(err)
         except tornado.iostream.StreamClosedError:
             pass
-
-    def _discovery(self, path: str):
-        if path in ("/healthz", "/readyz", "/livez"):
-            return "ok"
-        if path == "/version":
-            return discovery.version()
-        if path == "/api":
-            return discovery.api_versions(self.request.host)
-        if path == "/api/v1":
-            return discovery.resource_list("", "v1")
-        if path == "/apis":
-            return discovery.api_group_list()
-        if path == "/openapi/v3":
-            return discovery.openapi_v3_root()
-        if path.startswith("/openapi/v3/"):
-            rest = path[len("/openapi/v3/"):].split("/")
-            doc = (discovery.openapi_v3_group_version("", "v1") if rest == ["api", "v1"] else
-                   discovery.openapi_v3_group_version(rest[1], rest[2]) if len(rest) == 3 and rest[0] == "apis"
-                   else None)
-            if doc is None:
-                raise ApiError(404, "NotFound", "the server could not find the requested resource")
-            return doc
-        parts = path.split("/")
-        if len(parts) == 3 and parts[1] == "apis":
-            doc = discovery.api_group(parts[2])
-            if doc is None:
-                raise ApiError(404, "NotFound", "the server could not find the requested resource")
-            return doc
-        if len(parts) == 4 and parts[1] == "apis":
-            doc = discovery.resource_list(parts[2], parts[3])
-            if doc is None:
-                raise ApiError(404, "NotFound", "the server could not find the requested resource")
-            return doc
-        return None
 
     # ---------- resources
     async def _resource(self, method: str, m):
@@ -197,7 +162,8 @@ class ApiHandler(tornado.web.RequestHandler):
         self.cluster.faults.maybe_fail(verb, rt.plural)
         self.cluster.faults.maybe_fail(verb, rt.plural + (f"/{sub}" if sub else ""))
         if verb == "watch":
-            return await self._watch(rt, namespace, name)
+            self._watch = WatchStream(self, self.store, lambda: self.cluster.t("bookmark"), rt, namespace, name)
+            return await self._watch.serve()
         if verb == "list":
             return self._list(rt, namespace, version)
         if verb == "get":
@@ -269,14 +235,8 @@ class ApiHandler(tornado.web.RequestHandler):
     def _wants_table(self) -> bool:
         return "as=Table" in self.request.headers.get("Accept", "")
 
-    def _versioned(self, rt, obj: dict, version: str) -> dict:
-        if rt.group and obj.get("apiVersion") != f"{rt.group}/{version}":
-            obj = dict(obj)
-            obj["apiVersion"] = f"{rt.group}/{version}"
-        return obj
-
     def _send_object(self, rt, obj: dict, version: str, code: int = 200):
-        obj = self._versioned(rt, obj, version)
+        obj = rt.versioned(obj, version)
         if self._wants_table():
             return self._send(tables.table(rt, [obj], {"resourceVersion": obj["metadata"]["resourceVersion"]}), code)
         self._send(obj, code)
@@ -304,95 +264,11 @@ class ApiHandler(tornado.web.RequestHandler):
                 {"rv": meta["resourceVersion"], "start": [last.get("namespace", ""), last["name"]]}).encode()).decode()
             meta["remainingItemCount"] = len(items) - limit
             items = items[:limit]
-        items = [self._versioned(rt, o, version) for o in items]
+        items = [rt.versioned(o, version) for o in items]
         if self._wants_table():
             return self._send(tables.table(rt, items, meta))
         self._send({"kind": rt.kind + "List", "apiVersion": rt.api_version(version), "metadata": meta,
                     "items": items})
-
-    async def _watch(self, rt, namespace: str, name: str | None):
-        field_sel = self.get_argument("fieldSelector", None)
-        if name:
-            field_sel = ",".join(filter(None, [field_sel, f"metadata.name={name}"]))
-        w = Watcher(rt, namespace or None, parse_label_selector(self.get_argument("labelSelector", None)),
-                    parse_field_selector(field_sel))
-        version = self.request.path.split("/")[3] if rt.group else "v1"
-        rv_arg = self.get_argument("resourceVersion", "")
-        timeout = float(self.get_argument("timeoutSeconds", "0") or 0) or 1800.0
-        bookmarks = self.get_argument("allowWatchBookmarks", "") == "true"
-        self._watcher = w
-        self.set_header("Content-Type", "application/json")
-        initial: list = []
-        if rv_arg in ("", "0"):
-            initial = [("ADDED", o) for o in self.store.list(rt, namespace or None) if w.matches(o)]
-        else:
-            try:
-                since = int(rv_arg)
-            except ValueError:
-                raise errors.bad_request(f'invalid resource version "{rv_arg}"') from None
-            history = self.store.events_since(rt, since)
-            if history is None:
-                err = errors.gone(f"too old resource version: {since} ({self.store.history[0][0]})")
-                self.write(json.dumps({"type": "ERROR", "object": err.status()}) + "\n")
-                return self.finish()
-            for kind, obj, old in history:
-                ev = watch_event_for(w, kind, obj, old)
-                if ev:
-                    initial.append(ev)
-        self.store.watchers.add(w)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        try:
-            for kind, obj in initial:
-                self.write(self._event_line(rt, kind, obj, version))
-            await self.flush()
-            next_bookmark = loop.time() + self.cluster.t("bookmark")
-            while True:
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    if bookmarks and w.queue.empty():  # and one right before the deadline, as the watch
-                        self.write(self._bookmark_line(rt, version))  # cache sends it; never past an event
-                    break
-                try:
-                    wait = min(remaining, next_bookmark - loop.time()) if bookmarks else remaining
-                    ev = await asyncio.wait_for(w.queue.get(), max(wait, 0))
-                except asyncio.TimeoutError:
-                    if bookmarks and loop.time() >= next_bookmark:
-                        # Nothing is queued for this watcher: every change up to now has reached it.
-                        self.write(self._bookmark_line(rt, version))
-                        await self.flush()
-                        next_bookmark = loop.time() + self.cluster.t("bookmark")
-                    continue
-                if ev is None:
-                    break
-                chunk = [self._event_line(rt, ev[0], ev[1], version)]
-                while not w.queue.empty():  # batch what is already queued into one write
-                    nxt = w.queue.get_nowait()
-                    if nxt is None:
-                        w.closed = True
-                        break
-                    chunk.append(self._event_line(rt, nxt[0], nxt[1], version))
-                self.write("".join(chunk))
-                await self.flush()
-                if w.closed:
-                    break
-        except tornado.iostream.StreamClosedError:
-            pass
-        finally:
-            w.close()
-            self.store.watchers.discard(w)
-        if not self.request.connection.stream.closed():
-            self.finish()
-
-    def _bookmark_line(self, rt, version: str) -> str:
-        """A BOOKMARK (staging/src/k8s.io/apiserver/pkg/storage/cacher/cacher.go): an object of the
-        kind with only its resourceVersion, the store's current one."""
-        obj = {"kind": rt.kind, "apiVersion": rt.api_version(version),
-               "metadata": {"resourceVersion": str(self.store.rv)}}
-        return json.dumps({"type": "BOOKMARK", "object": obj}, separators=(",", ":")) + "\n"
-
-    def _event_line(self, rt, kind: str, obj: dict, version: str) -> str:
-        return json.dumps({"type": kind, "object": self._versioned(rt, obj, version)}, separators=(",", ":")) + "\n"
 
     def _check_namespace(self, rt, namespace: str):
         if not rt.namespaced:
