@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+from decimal import Decimal
 
 from ..objects import field_value
 from ..quantity import format_bytes, parse_quantity
@@ -207,7 +208,7 @@ def check_quota(store, namespace: str, request: dict, rt: ResourceType, name: st
             if used.get(resource, 0) + amount > parse_quantity(limit):
                 over.append(resource)
         if over:
-            def fmt(resource: str, value: float) -> str:
+            def fmt(resource: str, value: int | Decimal) -> str:
                 return format_bytes(value) if resource.endswith("storage") else str(int(value))
 
             requested = ",".join(f"{r}={fmt(r, request[r])}" for r in over)

@@ -40,7 +40,7 @@ def sync_volume_attachments(store: Store):
             pvc = store.get(PVC, vmi["metadata"]["namespace"], claim or "")
             pv = store.get(PV, "", field_value(pvc, "spec.volumeName") or "") if pvc else None
             csi = field_value(pv, "spec.csi") if pv else None
-            if not csi:
+            if pv is None or not csi:
                 continue
             digest = hashlib.sha256(f"{csi['volumeHandle']}{csi['driver']}{node}".encode()).hexdigest()
             desired[f"csi-{digest}"] = {"attacher": csi["driver"], "nodeName": node,

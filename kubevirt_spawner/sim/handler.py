@@ -102,11 +102,11 @@ class Handler:
                 self.booting.add((ns, name))
                 ip = field_value(vmi, "status.interfaces")[0]["ipAddress"]
                 asyncio.get_running_loop().create_task(self._boot_machine(vmi, ip))
-        elif (ns, name) not in self.guests and self.c.started and self.disks.root_dir(vmi) is not None \
-                and boot_problem(self.disks.root_dir(vmi)) is None:
-            guest = self._register_guest(vmi, field_value(vmi, "status.interfaces")[0]["ipAddress"],
-                                         self.disks.root_dir(vmi))
-            asyncio.get_running_loop().create_task(self._launch(guest))
+        elif (ns, name) not in self.guests and self.c.started:
+            root = self.disks.root_dir(vmi)
+            if root is not None and boot_problem(root) is None:
+                guest = self._register_guest(vmi, field_value(vmi, "status.interfaces")[0]["ipAddress"], root)
+                asyncio.get_running_loop().create_task(self._launch(guest))
 
     async def _start_guest(self, vmi: dict, ip: str, root: str):
         problem = boot_problem(root)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import random
 import string
+from typing import Any
 
 from ..objects import field_value
 from .conditions import condition, set_condition
@@ -53,7 +54,7 @@ class Launchers:
         for gpu in field_value(vmi, "spec.domain.devices.gpus") or []:
             requests[gpu["deviceName"]] = str(int(requests.get(gpu["deviceName"], 0)) + 1)
             limits[gpu["deviceName"]] = requests[gpu["deviceName"]]
-        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {
+        pod: dict[str, Any] = {"apiVersion": "v1", "kind": "Pod", "metadata": {
             "name": f"virt-launcher-{name}-{suffix}", "generateName": f"virt-launcher-{name}-",
             "namespace": meta["namespace"],
             "labels": {**(meta.get("labels") or {}), LAUNCHER_LABEL: "virt-launcher",

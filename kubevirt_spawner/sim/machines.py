@@ -29,7 +29,7 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..quantity import parse_quantity
@@ -71,8 +71,8 @@ class GoldenImage:
         if not meta.get("firmware"):
             raise ValueError(f"the golden image in {directory} boots by no firmware (an image from before "
                              "images had a bootloader); build it again with deploy/golden-image/build.sh")
-        image = cls(*(os.path.join(directory, meta.get(k) or "") for k in ("disk", "probe_kernel")),
-                    firmware=tuple(meta["firmware"]))
+        disk, probe_kernel = (os.path.join(directory, meta.get(k) or "") for k in ("disk", "probe_kernel"))
+        image = cls(disk, probe_kernel, firmware=tuple(meta["firmware"]))
         for file in (image.disk, image.probe_kernel):
             if not os.path.isfile(file):
                 raise ValueError(f"the golden image in {directory} lacks {os.path.basename(file) or 'a file'}; "
@@ -126,7 +126,7 @@ class QemuGuest:
     """One VMI's QEMU process and its guest agent."""
 
     def __init__(self, key: tuple[str, str], machine: Machine, workdir: str, log_path: str,
-                 on_agent_change: Callable[[], None] = lambda: None, file_servers: list[list[str]] = ()):
+                 on_agent_change: Callable[[], None] = lambda: None, file_servers: Sequence[list[str]] = ()):
         self.key = key
         self.file_servers = list(file_servers)  # virtiofsd commands, one per share, started before QEMU
         self.file_procs: list[asyncio.subprocess.Process] = []
@@ -245,18 +245,19 @@ class QemuGuest:
 
     async def stop(self, grace: float) -> int:
         """The end of the grace period: QEMU is terminated, then killed."""
-        if not self.alive:
-            return self.proc.returncode if self.proc and self.proc.returncode is not None else 0
+        proc = self.proc
+        if proc is None or not self.alive:
+            return proc.returncode if proc and proc.returncode is not None else 0
         if grace > 0:
             with contextlib.suppress(asyncio.TimeoutError):
-                return await asyncio.wait_for(asyncio.shield(self.proc.wait()), grace)
+                return await asyncio.wait_for(asyncio.shield(proc.wait()), grace)
         log.info("%s/%s: the grace period is over: QEMU is terminated", *self.key)
         self._signal(signal.SIGTERM)
         try:
-            return await asyncio.wait_for(asyncio.shield(self.proc.wait()), KILL_AFTER_TERM_SECONDS)
+            return await asyncio.wait_for(asyncio.shield(proc.wait()), KILL_AFTER_TERM_SECONDS)
         except asyncio.TimeoutError:
             self._signal(signal.SIGKILL)
-            return await self.proc.wait()
+            return await proc.wait()
 
     def kill(self):
         if self.alive:
@@ -264,8 +265,9 @@ class QemuGuest:
         self._stop_file_servers()
 
     def _signal(self, sig):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, sig)
+        if self.proc is not None:  # (its callers check it runs)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, sig)
 
     async def freeze(self):
         """Freeze the guest's filesystems (KubeVirt's online snapshot: guest-fsfreeze-freeze)."""

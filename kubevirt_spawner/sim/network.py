@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import logging
 import random
 
@@ -136,7 +137,7 @@ class Network:
                 continue
             try:
                 open_ports[port] = await asyncio.start_server(
-                    lambda r, w, k=key, p=spec: self._forward(r, w, k, p), ip, port)
+                    functools.partial(self._forward, key=key, port_spec=spec), ip, port)
             except OSError as exc:
                 log.warning("service %s/%s: cannot listen on %s:%s (%s)", *key, ip, port, exc)
 
@@ -164,7 +165,7 @@ class Network:
 
 def _target(port: dict) -> int:
     target = port.get("targetPort", port.get("port"))
-    return int(target) if str(target).isdigit() else int(port.get("port"))
+    return int(str(target)) if str(target).isdigit() else int(port["port"])
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter):

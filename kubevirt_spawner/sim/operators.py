@@ -16,6 +16,7 @@ modelled (the simulator's controllers are those components): a CR is deployed at
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 from ..objects import field_value
 from .resources import BY_KIND
@@ -52,13 +53,13 @@ def _conditions(old: list, wanted: list[tuple[str, str, str, str]], time_fields:
     before = {c["type"]: c for c in old or []}
     out = []
     for ctype, status, reason, message in wanted:
-        prior = before.get(ctype)
+        prior = before.get(ctype) or {}
         cond = {"type": ctype, "status": status}
         if reason:
             cond["reason"] = reason
         if message:
             cond["message"] = message
-        same = prior is not None and all(prior.get(f) == cond.get(f) for f in ("status", "reason", "message"))
+        same = bool(prior) and all(prior.get(f) == cond.get(f) for f in ("status", "reason", "message"))
         cond[probe] = prior[probe] if same and prior.get(probe) else now_iso()
         cond[transition] = prior[transition] if same and prior.get(transition) else now_iso()
         out.append(cond)
@@ -103,6 +104,7 @@ class Operators:
         old = field_value(kv, "status.conditions") or []
         others = [o for o in self.store.list(KUBEVIRT) if o["metadata"]["uid"] != kv["metadata"]["uid"]
                   and o["metadata"]["creationTimestamp"] <= kv["metadata"]["creationTimestamp"]]
+        status: dict[str, Any]
         if namespace != KUBEVIRT_NAMESPACE or others:
             status = {"conditions": _conditions(old, [("Synchronized", "False", "ExistingDeployment",
                                                        "There is an active KubeVirt deployment")],

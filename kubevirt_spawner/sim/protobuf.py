@@ -25,7 +25,7 @@ _UNKNOWN = {1: ("typeMeta", _TYPE_META), 2: ("raw", "bytes"), 3: ("contentEncodi
             4: ("contentType", "string")}
 _BOUND_OBJECT_REF = {1: ("kind", "string"), 2: ("apiVersion", "string"), 3: ("name", "string"),
                      4: ("uid", "string")}
-SCHEMAS = {
+SCHEMAS: dict[str, dict] = {
     "Namespace": {1: ("metadata", _OBJECT_META)},
     "ServiceAccount": {1: ("metadata", _OBJECT_META), 4: ("automountServiceAccountToken", "bool")},
     # (binaryData, field 3, holds files that are not UTF-8: refused below, not decoded)
@@ -62,6 +62,7 @@ def _fields(data: bytes):
     while pos < len(data):
         key, pos = _varint(data, pos)
         number, wire = key >> 3, key & 7
+        value: int | bytes
         if wire == 0:
             value, pos = _varint(data, pos)
         elif wire == 2:

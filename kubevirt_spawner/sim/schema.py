@@ -77,7 +77,7 @@ class KindSchema:
     def unknown_fields(self, obj, node=None, path="") -> list[str]:
         """Paths of fields the schema does not declare (what the API server prunes)."""
         node = self.raw if node is None else node
-        found = []
+        found: list[str] = []
         if isinstance(obj, dict) and isinstance(node, dict):
             if node.get("x-kubernetes-preserve-unknown-fields"):
                 return found

@@ -100,7 +100,7 @@ def _ceph_secret_parameters(*uses: str) -> dict:
 
 
 def seed_objects() -> list[dict]:
-    objects = [
+    objects: list[dict] = [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}} for n in
         ("default", "kube-system", GOLDEN_NAMESPACE)
     ]

@@ -16,7 +16,9 @@ _EQ_EXPR = re.compile(r"^\s*([A-Za-z0-9_./-]+)\s*(==|=|!=)\s*([A-Za-z0-9_.-]*)\s
 
 def _split_requirements(text: str) -> list[str]:
     """Split on commas that are not inside a `( ... )` value set."""
-    parts, depth, current = [], 0, []
+    parts: list[str] = []
+    current: list[str] = []
+    depth = 0
     for ch in text:
         if ch == "(":
             depth += 1
@@ -34,15 +36,12 @@ def _split_requirements(text: str) -> list[str]:
 def parse_label_selector(text: str | None) -> Matcher:
     if not text:
         return lambda labels: True
-    tests = []
+    tests: list[Matcher] = []
     for req in _split_requirements(text):
         m = _EQ_EXPR.match(req)
         if m:
             key, op, value = m.groups()
-            if op == "!=":
-                tests.append(lambda ls, k=key, v=value: ls.get(k) != v)
-            else:
-                tests.append(lambda ls, k=key, v=value: ls.get(k) == v)
+            tests.append(_equals(key, value, op != "!="))
             continue
         m = _SET_EXPR.match(req)
         if not m:
@@ -52,15 +51,22 @@ def parse_label_selector(text: str | None) -> Matcher:
             if negate:
                 raise bad_request(f'unable to parse requirement: invalid label selector "{text}"')
             vals = {v.strip() for v in values.split(",") if v.strip()}
-            if op == "in":
-                tests.append(lambda ls, k=key, vs=vals: ls.get(k) in vs)
-            else:
-                tests.append(lambda ls, k=key, vs=vals: ls.get(k) not in vs)
-        elif negate:
-            tests.append(lambda ls, k=key: k not in ls)
+            tests.append(_among(key, vals, op == "in"))
         else:
-            tests.append(lambda ls, k=key: k in ls)
+            tests.append(_present(key, not negate))
     return lambda labels: all(t(labels) for t in tests)
+
+
+def _equals(key: str, value: str, want: bool) -> Matcher:
+    return lambda labels: (labels.get(key) == value) == want
+
+
+def _among(key: str, values: set[str], want: bool) -> Matcher:
+    return lambda labels: (labels.get(key) in values) == want
+
+
+def _present(key: str, want: bool) -> Matcher:
+    return lambda labels: (key in labels) == want
 
 
 def match_labels_matcher(selector: dict | None) -> Matcher:

@@ -9,6 +9,7 @@ import json
 import logging
 import random
 import re
+from typing import Any
 
 import tornado.iostream
 import tornado.web
@@ -247,7 +248,7 @@ class ApiHandler(tornado.web.RequestHandler):
         items = [o for o in self.store.list(rt, namespace or None)
                  if label_match(o["metadata"].get("labels") or {}) and field_match(o)]
         items.sort(key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
-        meta = {"resourceVersion": str(self.store.rv)}
+        meta: dict[str, Any] = {"resourceVersion": str(self.store.rv)}
         token = self.get_argument("continue", None)
         if token:
             try:
@@ -436,7 +437,7 @@ def _prune(obj: dict, paths: list[str]) -> dict:
     obj = copy.deepcopy(obj)
     for path in paths:
         parts = re.findall(r"[^.\[\]]+|\[\d+\]", path)
-        cur = obj
+        cur: Any = obj  # (a JSON value)
         for part in parts[:-1]:
             cur = cur[int(part[1:-1])] if part.startswith("[") else cur.get(part)
             if cur is None:

@@ -84,7 +84,7 @@ async def start(ip: str, root: str, account: str, home: str | None = None, keys_
     if not os.path.exists(key_path):
         os.makedirs(os.path.dirname(key_path), exist_ok=True)
         asyncssh.generate_private_key("ssh-ed25519").write_private_key(key_path)
-    home = home or os.path.join(root, "home", account)
+    account_home = home or os.path.join(root, "home", account)
 
     auth_log = os.path.join(root, AUTH_LOG)
 
@@ -102,7 +102,7 @@ async def start(ip: str, root: str, account: str, home: str | None = None, keys_
             if username != account:
                 return True  # (no key fits any other name: the login fails)
             lines = await keys_command(keys_access, username) if keys_access else ""
-            keys = os.path.join(home, ".ssh", "authorized_keys")
+            keys = os.path.join(account_home, ".ssh", "authorized_keys")
             if os.path.exists(keys):
                 with open(keys, encoding="utf-8", errors="replace") as f:
                     lines += "\n" + f.read()
@@ -115,8 +115,8 @@ async def start(ip: str, root: str, account: str, home: str | None = None, keys_
 
     async def run(process) -> None:
         command = process.command or "exec bash -i"
-        env = {**os.environ, "HOME": home, "USER": account, "LOGNAME": account}
-        local = subprocess.Popen(["bash", "-c", command], cwd=home, env=env, stdin=subprocess.PIPE,
+        env = {**os.environ, "HOME": account_home, "USER": account, "LOGNAME": account}
+        local = subprocess.Popen(["bash", "-c", command], cwd=account_home, env=env, stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         await process.redirect(stdin=local.stdin, stdout=local.stdout, stderr=local.stderr)
         status = await asyncio.get_running_loop().run_in_executor(None, local.wait)
@@ -125,7 +125,7 @@ async def start(ip: str, root: str, account: str, home: str | None = None, keys_
 
     return await asyncssh.create_server(
         Server, ip, SSHD_PORT, server_host_keys=[key_path], process_factory=run, encoding=None,
-        sftp_factory=lambda chan: machine_sftp(asyncssh, chan, root, home), allow_scp=True)
+        sftp_factory=lambda chan: machine_sftp(asyncssh, chan, root, account_home), allow_scp=True)
 
 
 def machine_sftp(asyncssh, chan, root: str, home: str):

@@ -258,7 +258,7 @@ class Storage:
         clone = "pvc" in source
         strategy = field_value(self.storage_profile(field_value(pvc, "spec.storageClassName") or ""),
                                "status.cloneStrategy") if clone else None
-        scheduled, in_progress = ("CloneScheduled", CLONE_PHASES.get(strategy, "CloneInProgress")) if clone \
+        scheduled, in_progress = ("CloneScheduled", CLONE_PHASES.get(strategy or "", "CloneInProgress")) if clone \
             else ("ImportScheduled", "ImportInProgress")
         if clone and phase in (None, "", "Pending"):
             problem = self._clone_problem(dv, pvc)

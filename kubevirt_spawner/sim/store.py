@@ -21,6 +21,9 @@ from .timeutil import now_iso
 log = logging.getLogger(__name__)
 
 Key = tuple[str, str]  # (group, plural)
+# (named here: inside Store, `list` is its method)
+Dependents = list[tuple[ResourceType, dict]]
+History = list[tuple[str, dict, dict | None]]
 
 
 @dataclass(eq=False)
@@ -67,11 +70,11 @@ class Store:
         self._dirty = False
         self._path = os.path.join(state_dir, "objects.json") if state_dir else None
         if self._path and os.path.exists(self._path):
-            self._load()
+            self._load(self._path)
 
     # ---------- persistence
-    def _load(self):
-        with open(self._path) as f:
+    def _load(self, path: str):
+        with open(path) as f:
             data = json.load(f)
         self.rv = data["resourceVersion"]
         for obj in data["objects"]:
@@ -276,7 +279,7 @@ class Store:
         return gone
 
     # ---------- garbage collection by ownerReferences
-    def dependents(self, owner_uid: str) -> list[tuple[ResourceType, dict]]:
+    def dependents(self, owner_uid: str) -> Dependents:
         out = []
         for key, objs in self.objects.items():
             for o in objs.values():
@@ -320,7 +323,7 @@ class Store:
             self.update(rt, new, check_rv=False)
 
     # ---------- watches
-    def events_since(self, rt: ResourceType, rv: int) -> list[tuple[str, dict, dict | None]] | None:
+    def events_since(self, rt: ResourceType, rv: int) -> History | None:
         """History after `rv` for one kind, or None when `rv` is older than what is kept (410 Gone)."""
         if self.history and rv < self.history[0][0] - 1 and len(self.history) == self.history.maxlen:
             return None

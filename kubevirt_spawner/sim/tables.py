@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from .resources import ResourceType
 from .timeutil import seconds_since
@@ -11,10 +12,10 @@ _FILTER = re.compile(r"^(\w+)\[\?(\w+)=(\w+)\]$")
 _INDEX = re.compile(r"^(\w+)\[(\d+)\]$")
 
 
-def column_value(obj: dict, path: str):
+def column_value(obj: dict, path: str) -> Any:
     if not path:  # (a column rendered from the whole object)
         return obj
-    cur = obj
+    cur: Any = obj  # (a JSON value: whatever the path leads to)
     for part in path.split("."):
         if cur is None:
             return None

@@ -38,30 +38,30 @@ class VirtApi:
                 raise errors.subresource_conflict(VM, name, "RerunOnFailure does not support starting VM from "
                                                             "failed state")
             reqs = []
-            if final:
+            if vmi is not None and final:
                 reqs.append({"action": "Stop", "uid": vmi["metadata"]["uid"]})
             reqs.append({"action": "Start"})
             return self._add_requests(vm, reqs)
         if action == "stop":
             grace = body.get("gracePeriod")
-            has_vmi = vmi is not None and not final
+            running = vmi if vmi is not None and not final else None
             old_grace = field_value(vmi, "spec.terminationGracePeriodSeconds") if vmi else None
-            if has_vmi and grace is not None:
-                new_vmi = copy.deepcopy(vmi)
+            if running is not None and grace is not None:
+                new_vmi = copy.deepcopy(running)
                 new_vmi["spec"]["terminationGracePeriodSeconds"] = int(grace)
                 self.store.update(VMI, new_vmi, check_rv=False)
-                self.handler.hurry(vmi, int(grace))
+                self.handler.hurry(running, int(grace))
             if strategy == "Halted":
-                if not has_vmi:
+                if running is None:
                     raise errors.subresource_conflict(VM, name, "VM is not running")
                 if grace is None or (old_grace is not None and int(grace) >= old_grace):
                     raise errors.subresource_conflict(VM, name, "Halted only supports manual stop requests with "
                                                                 "a shorter graceperiod")
-                return self._add_requests(vm, [{"action": "Stop", "uid": vmi["metadata"]["uid"]}])
+                return self._add_requests(vm, [{"action": "Stop", "uid": running["metadata"]["uid"]}])
             if strategy == "Manual":
-                if not has_vmi:
+                if running is None:
                     raise errors.subresource_conflict(VM, name, "VM is not running")
-                return self._add_requests(vm, [{"action": "Stop", "uid": vmi["metadata"]["uid"]}])
+                return self._add_requests(vm, [{"action": "Stop", "uid": running["metadata"]["uid"]}])
             return self._set_running(vm, False)
         if action == "restart":
             # As RestartVMRequestHandler does: no check of the VMI's phase or deletion.

@@ -167,7 +167,7 @@ class VmiController:
         if not pod_ready(pod):
             # The node stopped answering: the pod is marked not ready and the VMI follows it
             # (syncReadyConditionFromPod); virt-handler is gone, so nothing else changes.
-            ready = next((c for c in field_value(pod, "status.conditions") or [] if c["type"] == "Ready"), {})
+            ready: dict = next((c for c in field_value(pod, "status.conditions") or [] if c["type"] == "Ready"), {})
             set_condition(status, condition("Ready", "False", ready.get("reason") or "PodNotReady",
                                             ready.get("message") or ""))
             write_vmi_status(self.store, vmi, status)

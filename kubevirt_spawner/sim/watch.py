@@ -11,6 +11,7 @@ from typing import Callable
 
 import tornado.iostream
 import tornado.web
+from tornado.http1connection import HTTP1Connection
 
 from . import errors
 from .resources import ResourceType
@@ -101,7 +102,8 @@ class WatchStream:
         finally:
             w.close()
             self.store.watchers.discard(w)
-        if not h.request.connection.stream.closed():
+        connection = h.request.connection
+        if isinstance(connection, HTTP1Connection) and not connection.stream.closed():
             h.finish()
 
     def _bookmark_line(self) -> str:
