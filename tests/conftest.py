@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import os
 import threading
@@ -16,7 +15,7 @@ from kubernetes import client
 from kubevirt_spawner import spawner as spawner_module
 from kubevirt_spawner.sim.schema import SchemaRegistry, schema_not_found_message
 
-from simtools import KeysService, api_client, start_sim
+from simtools import KeysService, api_client, start_sim, tasks_left_running
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 
@@ -74,16 +73,6 @@ async def hub_state_isolated():
     for task in leaked:
         task.cancel()
     assert not leaked, f"tasks left running after the test: {[t.get_coro() for t in leaked]}"
-
-
-async def tasks_left_running(grace: float = 5.0) -> list[asyncio.Task]:
-    """The loop's tasks but this one still running after `grace` seconds (a task just cancelled,
-    as a stopped cache's watches are, gets that long to unwind)."""
-    mine = asyncio.current_task()
-    running = [t for t in asyncio.all_tasks() if t is not mine and not t.done()]
-    if running:
-        await asyncio.wait(running, timeout=grace)
-    return [t for t in running if not t.done()]
 
 
 def absent_outside_data(reason: str):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import functools
@@ -175,3 +176,13 @@ class KeysService(BaseHTTPRequestHandler):
 
     def log_message(self, *args):
         """Quiet: a test's output is its own, not the stand-in's access log."""
+
+
+async def tasks_left_running(grace: float = 5.0) -> list[asyncio.Task]:
+    """The loop's tasks but this one still running after `grace` seconds (a task just cancelled,
+    as a stopped cache's watches are, gets that long to unwind)."""
+    mine = asyncio.current_task()
+    running = [t for t in asyncio.all_tasks() if t is not mine and not t.done()]
+    if running:
+        await asyncio.wait(running, timeout=grace)
+    return [t for t in running if not t.done()]

@@ -226,7 +226,7 @@ async def test_a_namespace_made_now_stays_watched_when_an_older_list_comes_in():
 async def test_a_task_left_running_is_found_and_a_cancelled_one_is_not():
     """The suite's isolation (conftest's autouse `hub_state_isolated`) fails a test that leaves a
     task running: what it finds, and what it lets unwind."""
-    from conftest import tasks_left_running
+    from simtools import tasks_left_running
 
     forgotten = asyncio.ensure_future(asyncio.sleep(60))
     stopped = asyncio.ensure_future(asyncio.sleep(60))
