@@ -13,8 +13,13 @@ import sys
 
 
 def _sim(args) -> int:
-    from .sim.app import serve_forever
-    from .sim.schema import SchemaError
+    try:
+        from .sim.app import serve_forever
+        from .sim.schema import SchemaError
+    except ModuleNotFoundError as exc:  # the hub's own install has no simulator dependencies
+        print(f"kubevirt-spawner sim: the simulator needs {exc.name}, which is not installed: "
+              "pip install 'kubevirt-spawner[demo]'", file=sys.stderr)
+        return 2
     try:
         asyncio.run(serve_forever(args.state, args.port, speed=args.speed, schemas_dir=args.schemas,
                                   guest_mode=args.guests, guest_command=args.guest_command or None,

@@ -48,16 +48,20 @@ def find_proxy() -> str:
                     "(or `npm install -g configurable-http-proxy`)")
 
 
-# What the demo's workstations run (its process guests are Jupyter servers on this machine): the
-# [demo] extra brings them; the hub's own install does not.
-GUEST_MODULES = ("jupyterlab", "ipykernel")
+# What the demo needs beyond the hub's own install, each with why: the [demo] extra brings them all.
+DEMO_NEEDS = (
+    # its workstations are process guests, Jupyter servers on this machine
+    ("the demo's workstations run JupyterLab", ("jupyterlab", "ipykernel")),
+    ("the demo's simulator checks every object against KubeVirt's schemas", ("jsonschema",)),
+)
 
 
-def check_guest_software() -> None:
-    missing = [name for name in GUEST_MODULES if importlib.util.find_spec(name) is None]
-    if missing:
-        raise DemoError(f"the demo's workstations run JupyterLab, and {' and '.join(missing)} "
-                        f"{'is' if len(missing) == 1 else 'are'} not installed: pip install 'kubevirt-spawner[demo]'")
+def check_demo_software() -> None:
+    for why, modules in DEMO_NEEDS:
+        missing = [name for name in modules if importlib.util.find_spec(name) is None]
+        if missing:
+            raise DemoError(f"{why}, and {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
+                            "not installed: pip install 'kubevirt-spawner[demo]'")
 
 
 def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None, what: str = "server",
@@ -165,14 +169,14 @@ def stop_process(proc: subprocess.Popen | None, timeout: float = 15.0):
 
 def run(state_dir: str, port: int = 8000, speed: float = 5.0) -> int:
     """`kubevirt-spawner demo`: run everything until Ctrl-C, then stop everything it started."""
-    from .sim import SimulatorThread  # the demo is the only place outside tests that embeds the simulator
-
     try:  # (before anything starts or is written)
-        check_guest_software()
+        check_demo_software()
         find_proxy()
     except DemoError as exc:
         print(f"kubevirt-spawner demo: {exc}", file=sys.stderr)
         return 2
+    # (after the check: the simulator needs jsonschema, which only the [demo] extra brings)
+    from .sim import SimulatorThread  # the demo is the only place outside tests that embeds the simulator
     state = Path(state_dir).resolve()
     state.mkdir(parents=True, exist_ok=True)
     logs = state / "logs"

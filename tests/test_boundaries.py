@@ -45,6 +45,7 @@ def test_the_contracts_hold_on_the_package_as_it_is(package_copy):
     ("sim/store.py", "from .. import workstation", "The simulator imports nothing of the product"),
     ("quantity.py", "from . import names", "The shared helpers are pure"),
     ("workstation/disks.py", "from .lifecycle import Lifecycle", "A workstation's layers use only those below them"),
+    ("spawner_settings.py", "from .spawner_machines import SpawnerMachines", "The spawner's parts use only those below"),
     ("service/drains.py", "from .core import Workstations", "The service's parts use only those below them"),
     ("service/web.py", "from .actions import Actions", "The service's web layer acts through its entry point"),
 ])

@@ -111,3 +111,31 @@ def test_the_readme_fits_on_one_screen_with_the_two_quick_start_commands():
     pages = {str(p.relative_to(REPO)) for p in DOCS.rglob("*.md")} - {"docs/index.md", "docs/deploy/README.md",
                                                                         "docs/deploy/golden-image/README.md"}
     assert pages <= set(local), sorted(pages - set(local))
+
+
+def test_every_picture_in_the_docs_is_a_screenshot_a_browser_test_takes(tmp_path, monkeypatch):
+    """docs/screenshots.py copies the browser tests' screenshots into docs/: every picture the pages
+    show is one of them, by a name that test really takes, and the copy finds test_lab's numbered
+    files (and refuses, changing nothing, when a run left none)."""
+    spec = importlib.util.spec_from_file_location("docs_screenshots", DOCS / "screenshots.py")
+    shots = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shots)
+    shown = {str((page.parent / ref).resolve().relative_to(DOCS))
+             for page in DOCS.rglob("*.md") for ref in re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", page.read_text())}
+    assert shown == set(shots.SHOTS), "a picture in docs/ that no browser test takes (or one no page shows)"
+    for picture, (_folder, name, test) in shots.SHOTS.items():
+        source = (REPO / test).read_text()  # test_lab's steps.shot("name"), the others' "name.png"
+        assert f'"{name}"' in source or f'"{name}.png"' in source, \
+            f"{test} takes no screenshot named {name} (for docs/{picture})"
+
+    monkeypatch.setattr(shots, "ARTIFACTS", tmp_path / "artifacts")
+    monkeypatch.setattr(shots, "DOCS", tmp_path / "docs")
+    (tmp_path / "docs" / "tutorial").mkdir(parents=True)
+    assert shots.main() == 1 and not any((tmp_path / "docs").rglob("*.png"))
+    for picture, (folder, name, _) in shots.SHOTS.items():
+        (tmp_path / "artifacts" / folder).mkdir(parents=True, exist_ok=True)
+        stem = f"07-{name}" if folder == "lab" else name
+        (tmp_path / "artifacts" / folder / f"{stem}.png").write_bytes(picture.encode())
+    (tmp_path / "artifacts" / "lab" / "08-panel-dark.png").write_bytes(b"not the panel")
+    assert shots.main() == 0
+    assert (tmp_path / "docs" / "workstation-panel.png").read_bytes() == b"workstation-panel.png"

@@ -101,3 +101,45 @@ def test_the_demo_without_jupyterlab_names_the_extra_and_starts_nothing(tmp_path
     assert said == ("kubevirt-spawner demo: the demo's workstations run JupyterLab, and jupyterlab is not installed: "
                     "pip install 'kubevirt-spawner[demo]'\n")
     assert not state.exists()
+
+
+def test_the_demo_without_jsonschema_names_the_extra_and_starts_nothing(tmp_path, monkeypatch, capsys):
+    """jsonschema is the simulator's alone, so only the [demo] extra brings it: a demo started
+    without it refuses with the extra's name before it writes anything."""
+    import importlib.util
+
+    from kubevirt_spawner.cli import main
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "jsonschema" else real(name, *a))
+    state = tmp_path / "demo"
+    assert main(["demo", "--state", str(state)]) == 2
+    said = capsys.readouterr().err
+    assert said == ("kubevirt-spawner demo: the demo's simulator checks every object against KubeVirt's schemas, "
+                    "and jsonschema is not installed: pip install 'kubevirt-spawner[demo]'\n")
+    assert not state.exists()
+
+
+# The hub's own install (`pip install kubevirt-spawner`) lacks what only the simulator uses.
+WITHOUT_SIMULATOR_DEPENDENCIES = "import sys; sys.modules['jsonschema'] = None; "
+
+
+def test_the_hub_side_imports_without_the_simulators_dependencies():
+    """The spawner (the hub's entry point), the workstations service and the command line import
+    with jsonschema unavailable: a production hub does not install the simulator's dependencies."""
+    code = WITHOUT_SIMULATOR_DEPENDENCIES + (
+        "from importlib.metadata import entry_points; "
+        "spawner = entry_points(group='jupyterhub.spawners')['kubevirt'].load(); "
+        "import kubevirt_spawner.service.web, kubevirt_spawner.cli, kubevirt_spawner.acceptance; "
+        "print(spawner.__name__)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "KubeVirtSpawner", res.stderr
+
+
+def test_the_sim_command_without_its_dependencies_names_the_extra(tmp_path):
+    code = WITHOUT_SIMULATOR_DEPENDENCIES + (
+        f"from kubevirt_spawner.cli import main; sys.exit(main(['sim', '--state', {str(tmp_path / 'state')!r}]))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr == ("kubevirt-spawner sim: the simulator needs jsonschema, which is not installed: "
+                          "pip install 'kubevirt-spawner[demo]'\n")
+    assert not (tmp_path / "state").exists()

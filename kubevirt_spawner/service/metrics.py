@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 class ServiceMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.operations = Counter("workstations_operations", "Operations by kind and result",
+        self.operations = Counter("workstations_operations", "Operations by kind (snapshot, restore, reset) and result "
+                                  "(succeeded, failed, refused)",
                                   ["kind", "result"], registry=self.registry)
         # The series the alerts watch exist from the start, at 0: Prometheus' increase() cannot see
         # a series' first sample as an increase, so a first failure would otherwise go unnoticed.
@@ -29,8 +30,8 @@ class ServiceMetrics:
         self.snapshots = Gauge("workstations_snapshots", "Snapshots per user", ["user"], registry=self.registry)
         self.full = Gauge("workstations_disks_above_85_percent", "Disks over 85 % full (last known)",
                           registry=self.registry)
-        self.drains = Counter("workstations_drains", "Workstations warned of a node drain, and stopped by one "
-                              "after or during the grace", ["event"], registry=self.registry)
+        self.drains = Counter("workstations_drains", "Workstations warned of a node drain (warned), and stopped "
+                              "by one after the grace (stopped-after-grace) or during it (stopped-before-grace)", ["event"], registry=self.registry)
         for event in ("warned", "stopped-after-grace", "stopped-before-grace"):
             self.drains.labels(event)
 

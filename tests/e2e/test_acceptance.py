@@ -28,6 +28,7 @@ from kubevirt_spawner.acceptance.report import FAIL, PASS, SKIP, to_html
 from simtools import api_client, apply, service_account_kubeconfig, sim_api
 
 READER = Path(__file__).resolve().parents[2] / "deploy" / "acceptance" / "acceptance-reader.yaml"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "acceptance"  # docs/screenshots.py
 IDLE_TIMEOUT = 40
 # The demo's CPU placement (kubevirt_spawner/data/demo_config.py): the pool, off its VFIO nodes.
 CPU_POOL = {"node_selector": {"workload.example.com/kubevirt": "true"},
@@ -114,7 +115,8 @@ def test_the_suite_passes_what_the_simulator_can_show(hub: Hub, browser, tmp_pat
     assert page.locator("h2").all_inner_texts() == ["Summary", "Host and scheduling", "Persistence semantics",
                                                      "Storage and recovery", "Security and product experience"]
     assert page.locator("td.PASS").count() == sum(1 for v in EXPECTED.values() if v == PASS)
-    page.screenshot(path=str(tmp_path / "acceptance-report.png"), full_page=True)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "acceptance-report.png"), full_page=True)
     page.close()
     outcome = {name: r.result for name, r in found.items()}
     assert outcome == EXPECTED, printed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import email.parser
 import json
 import os
 import re
@@ -9,13 +10,15 @@ import signal
 import site
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 import requests
 from conftest import Hub
+from packaging.requirements import Requirement
 
-from kubevirt_spawner.demo import DemoError, free_port
+from kubevirt_spawner.demo import DEMO_NEEDS, DemoError, free_port
 
 from simtools import wait_for
 
@@ -172,6 +175,29 @@ def test_bad_configuration_stops_the_hub_at_start_up_naming_the_setting(e2e_sim,
         hub.close()
 
 
+def demo_extra_of(wheel: Path, extra: str | None = "demo") -> set[str]:
+    """The distributions a wheel's METADATA requires with `extra` (its extras of itself followed), or
+    without any extra when `extra` is None."""
+    with zipfile.ZipFile(wheel) as archive:
+        metadata = next(name for name in archive.namelist() if name.endswith(".dist-info/METADATA"))
+        requires = [Requirement(value) for key, value in
+                    email.parser.Parser().parsestr(archive.read(metadata).decode()).items() if key == "Requires-Dist"]
+    wanted, names, extras = [extra], set(), set()
+    while wanted:
+        current = wanted.pop()
+        extras.add(current)
+        for req in requires:
+            applies = (req.marker is None if current is None
+                       else req.marker is not None and req.marker.evaluate({"extra": current}))
+            if not applies:
+                continue
+            if req.name == "kubevirt-spawner":
+                wanted.extend(e for e in req.extras if e not in extras)
+            else:
+                names.add(req.name)
+    return names
+
+
 def test_the_demo_runs_from_an_installed_wheel_outside_any_checkout(tmp_path, browser):
     """`pip install <wheel>` + `kubevirt-spawner demo --state DIR`, in a directory with no source tree
     and no upstream schemas: the hub config is package data, and the simulator starts without the
@@ -184,6 +210,10 @@ def test_the_demo_runs_from_an_installed_wheel_outside_any_checkout(tmp_path, br
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(wheels),
                     str(CHECKOUT)], check=True, timeout=300)
     wheel = next(wheels.glob("kubevirt_spawner-*.whl"))
+    # The dependencies come from this environment (below), so the wheel's own word is checked: its
+    # [demo] extra brings everything the demo checks for, and its plain install none of them.
+    assert demo_extra_of(wheel) >= {name for _, modules in DEMO_NEEDS for name in modules}
+    assert not demo_extra_of(wheel, extra=None) & {"jsonschema", "jupyterlab", "ipykernel"}
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     purelib = "import sysconfig; print(sysconfig.get_path('purelib'))"
     venv_site = Path(subprocess.run([venv / "bin" / "python", "-c", purelib], capture_output=True, text=True,
