@@ -22,7 +22,8 @@ from kubevirt_spawner.sim import SimulatorThread, write_kubeconfig
 
 FAST = 40.0  # controller speed factor in tests
 ADMIN = {"Authorization": "Bearer kubevirt-sim-admin"}  # the admin kubeconfig's credentials, for raw requests
-_sessions: dict[str, requests.Session] = {}
+# keyed by address and CA: a later simulator may get a stopped one's port, never its CA (its own state dir)
+_sessions: dict[tuple[str, str], requests.Session] = {}
 
 
 def start_sim(path, **options) -> SimulatorThread:
@@ -61,9 +62,10 @@ def answers(url: str) -> bool:
 
 def http(sim) -> requests.Session:
     """Raw HTTPS requests to the simulator, as its admin (trusting the cluster's CA)."""
-    session = _sessions.get(sim.url)
+    key = (sim.url, sim.ca_file)
+    session = _sessions.get(key)
     if session is None:
-        session = _sessions[sim.url] = requests.Session()
+        session = _sessions[key] = requests.Session()
         session.trust_env = False  # REQUESTS_CA_BUNDLE would replace the cluster CA
         session.verify = sim.ca_file
         session.headers.update(ADMIN)

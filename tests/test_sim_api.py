@@ -33,6 +33,22 @@ def test_discovery_lists_groups_and_kinds(kube, sim):
         {r["name"] for r in sub["resources"]}
 
 
+def test_raw_requests_trust_each_simulators_own_ca_when_a_port_is_reused(tmp_path):
+    """A module's simulator may get the port of one an earlier module stopped (the kernel hands
+    ports out again): raw requests to it must verify its own cluster CA, not the stopped one's
+    (before, one CI run's SSH tests failed at setup with 'certificate signature failure')."""
+    first = start_sim(tmp_path / "first")
+    port = int(first.url.rsplit(":", 1)[1])
+    assert http(first).get(f"{first.url}/version", timeout=10).status_code == 200
+    first.stop()
+    second = start_sim(tmp_path / "second", port=port)
+    try:
+        assert second.url == first.url and second.ca_file != first.ca_file
+        assert http(second).get(f"{second.url}/version", timeout=10).status_code == 200
+    finally:
+        second.stop()
+
+
 def test_create_get_conflicts_and_errors(core, ns):
     cm = core.create_namespaced_config_map(ns, {"metadata": {"name": "a", "labels": {"x": "1"}}, "data": {"k": "v"}})
     assert cm.metadata.uid and cm.metadata.resource_version
