@@ -465,7 +465,13 @@ class Soak:
         self.licences.add(s.key)
 
     def hub_server(self, s: Station) -> dict | None:
-        model = self.hub_api("GET", f"/users/{s.user}").json()
+        """The hub's model of the station's server; None without one, and while the hub is down
+        (the proxy's 502/503, not JSON: a hub whose managed service died while it started exits,
+        and _supervise starts it again; the availability check judges how long that takes)."""
+        r = self.hub_api("GET", f"/users/{s.user}")
+        if r.status_code in (502, 503):
+            return None
+        model = r.json()
         return (model.get("servers") or {}).get(s.server)
 
     def _some_snapshot(self, s: Station) -> str | None:
