@@ -131,6 +131,12 @@ class Station:
         return f"/workstations/{self.user}" + (f"/servers/{self.server}" if self.server else "")
 
 
+def _down(r: requests.Response) -> bool:
+    """The proxy's answer for a hub or service that is down (killed, not yet started again): the
+    availability check's to judge, not a message a user read."""
+    return r.status_code in (502, 503)
+
+
 class Soak:
     def __init__(self, seed: int, minutes: float, users: int, workdir: Path, speed: float, log=print):
         self.seed, self.rng = seed, random.Random(seed)
@@ -270,7 +276,7 @@ class Soak:
         try:
             body = r.json()
         except ValueError:
-            if r.status_code in (502, 503):  # the proxy's: hub or service down (the availability check's)
+            if _down(r):
                 return False
             raise Violation(f"{what} answered {r.status_code} without JSON: {r.text[:300]!r}") from None
         self.saw(what, body.get("message") or body.get("error") or body)
@@ -469,7 +475,7 @@ class Soak:
         (the proxy's 502/503, not JSON: a hub whose managed service died while it started exits,
         and _supervise starts it again; the availability check judges how long that takes)."""
         r = self.hub_api("GET", f"/users/{s.user}")
-        if r.status_code in (502, 503):
+        if _down(r):
             return None
         model = r.json()
         return (model.get("servers") or {}).get(s.server)

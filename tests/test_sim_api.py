@@ -38,10 +38,11 @@ def test_raw_requests_trust_each_simulators_own_ca_when_a_port_is_reused(tmp_pat
     ports out again): raw requests to it must verify its own cluster CA, not the stopped one's
     (before, one CI run's SSH tests failed at setup with 'certificate signature failure')."""
     first = start_sim(tmp_path / "first")
-    port = int(first.url.rsplit(":", 1)[1])
-    assert http(first).get(f"{first.url}/version", timeout=10).status_code == 200
-    first.stop()
-    second = start_sim(tmp_path / "second", port=port)
+    try:
+        assert http(first).get(f"{first.url}/version", timeout=10).status_code == 200
+    finally:
+        first.stop()
+    second = start_sim(tmp_path / "second", port=first.sim.port)
     try:
         assert second.url == first.url and second.ca_file != first.ca_file
         assert http(second).get(f"{second.url}/version", timeout=10).status_code == 200
