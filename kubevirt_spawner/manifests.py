@@ -50,6 +50,9 @@ ANNOTATION_USER_CREATED = LABEL_PREFIX + "user-created"
 # since, deadline, by; stopped_at once it stopped): on the VM, so it outlives a service restart.
 ANNOTATION_DRAIN = LABEL_PREFIX + "drain"
 ANNOTATION_CONFIRMED_FOR = LABEL_PREFIX + "confirmed-for-user-created"
+# When the hub was asked to delete the workstation while a restore or reset ran (JupyterHub forgets
+# the server all the same): the operation deletes it when it ends, instead of starting it.
+ANNOTATION_DELETE_REQUESTED = LABEL_PREFIX + "delete-requested"
 
 JUPYTER_PORT = 8888
 EVICTION_STRATEGY = "External"

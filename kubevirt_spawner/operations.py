@@ -121,6 +121,10 @@ def refuse_start_during_operation(ws: Workstation):
     that did not finish locks it (KubeVirt refuses any change of its run state then:
     pkg/storage/admitters/vm-storage-status.go), with the sentence that says what to do."""
     op = Operation.from_vm(ws.vm)
+    if op is not None and op.state == "running" and delete_requested(ws.vm):
+        raise WorkstationError(f"Your workstation is {op.describe()} and is deleted when that is done (its disks "
+                               "are kept); start it again after that.", reason=Reason.OPERATION_RUNNING,
+                               status_code=409)
     if op is not None and op.blocks_start:
         after = ("it starts by itself when done" if op.was_running
                  else "start it again when that is done")
@@ -134,6 +138,40 @@ def refuse_start_during_operation(ws: Workstation):
             f"Your workstation is locked by VirtualMachineRestore {ws.ident.namespace}/{holder}, which has not "
             "finished: it cannot start until an administrator lets that restore finish or deletes it.",
             reason=Reason.RESTORE_STUCK, status_code=409)
+
+
+async def defer_delete_during_operation(ws: Workstation):
+    """The spawner's check before it deletes a workstation (delete_forever). JupyterHub forgets the
+    server whether or not that succeeds (user.py _delete_spawner only logs a failure), so nothing
+    here can make the hub wait. Deleting the VM mid-restore would cut off KubeVirt's restore after
+    it deleted the claims it replaces in place and before it made the new ones (restore.go
+    reconcileVolumeRestores): the disks would be gone. So a running operation is asked to delete
+    the workstation when it ends (the mark on the VM, which `Operations.run` reads); a VM a restore
+    that did not finish still locks is left whole, for an administrator to finish that restore."""
+    ident = ws.ident
+    op = Operation.from_vm(ws.vm)
+    if op is not None and op.state == "running":
+        try:
+            await ws.kube.patch(k.VM, ident.namespace, ident.vm,
+                                {"metadata": {"annotations": {m.ANNOTATION_DELETE_REQUESTED: _now()}}})
+        except k.KubeError as err:
+            raise WorkstationError(f"Your workstation is {op.describe()}, so it was not deleted, and the cluster "
+                                   f"would not record the deletion for later ({err.for_users}); delete it again "
+                                   "when that is done.", reason=Reason.OPERATION_RUNNING, status_code=409) from err
+        raise WorkstationError(f"Your workstation is {op.describe()}; it is deleted when that is done, and its disks "
+                               "and snapshots are kept.", reason=Reason.OPERATION_RUNNING, status_code=409)
+    holder = ((ws.vm or {}).get("status") or {}).get("restoreInProgress")
+    if holder:
+        raise WorkstationError(
+            f"Your workstation is locked by VirtualMachineRestore {ident.namespace}/{holder}, which has not finished, "
+            "so it was not deleted (its disks may be half restored): ask your administrator to let that restore "
+            "finish or delete it, then start the workstation again and delete it.", reason=Reason.RESTORE_STUCK,
+            status_code=409)
+
+
+def delete_requested(vm: dict | None) -> bool:
+    """Whether the hub was asked to delete this machine while an operation ran."""
+    return m.ANNOTATION_DELETE_REQUESTED in ((vm or {}).get("metadata", {}).get("annotations") or {})
 
 
 class Operations:
@@ -197,6 +235,9 @@ class Operations:
         try:
             while op.step < len(op.steps):
                 step = op.current
+                if step == "start" and delete_requested(self.ws.vm):
+                    await self._retire_as_asked(op)  # (its record goes with the VM)
+                    return op
                 if step == "start":  # the last step: a start must no longer be refused
                     op.state = "done"
                     await self._save(op)
@@ -210,13 +251,37 @@ class Operations:
             return op
         except WorkstationError as err:
             await self._fail(op, err.jupyterhub_message or str(err))
+            await self._retire_if_asked(op)
             raise
         except k.KubeError as err:
             await self._fail(op, f"the cluster refused a request ({err.for_users})")
+            await self._retire_if_asked(op)
             raise
         except Exception as err:  # the hub refusing a stop or start, or a bug: recorded all the same
             await self._fail(op, str(getattr(err, "message", "") or err) or type(err).__name__)
+            await self._retire_if_asked(op)
             raise
+
+    async def _retire_as_asked(self, op: Operation):
+        """The deletion the hub was asked for while this ran (defer_delete_during_operation)."""
+        kept = await self.ws.retire()
+        self.ws.log.info("deleted after the %s, as asked while it ran; kept %s", op.kind, ", ".join(kept) or "nothing")
+
+    async def _retire_if_asked(self, op: Operation):
+        """After a failure: a deletion asked meanwhile happens, unless a restore that did not finish
+        locks the machine (deleting it would cut that restore off: the failure's sentence says what
+        an administrator does; a start then withdraws the deletion)."""
+        if not delete_requested(self.ws.vm):
+            return
+        holder = ((self.ws.vm or {}).get("status") or {}).get("restoreInProgress")
+        if holder:
+            self.ws.log.warning("not deleted as asked while the %s ran: VirtualMachineRestore %s still locks it",
+                                op.kind, holder)
+            return
+        try:
+            await self._retire_as_asked(op)
+        except Exception:  # (the failure is what the caller reports; the deletion is for the admin's log)
+            self.ws.log.exception("could not delete the workstation as asked while the %s ran", op.kind)
 
     async def _fail(self, op: Operation, why: str):
         if op.current == "start":  # the change is made; only the start after it did not happen

@@ -93,8 +93,8 @@ DESCRIPTIONS: dict[Reason, str] = {
         "The snapshot named to restore or delete does not exist; the user chooses one from the list of their "
         "snapshots.",
     Reason.OPERATION_RUNNING:
-        "A restore or reset is changing the workstation, so a start or another operation waits; the user tries "
-        "again when it is done.",
+        "A restore or reset is changing the workstation, so a start or another operation waits, and a deletion "
+        "happens when it ends; the user tries again when it is done.",
     Reason.PROFILE:
         "The profile list or the chosen profile or options cannot be used (unknown, not open to the user, invalid, "
         "failing); the user chooses another, an administrator fixes profile_list.",
@@ -105,8 +105,8 @@ DESCRIPTIONS: dict[Reason, str] = {
         "Restoring a snapshot failed or was cancelled, and the message says whether a disk was replaced; the user "
         "restores it again, and asks an administrator if it keeps failing.",
     Reason.RESTORE_STUCK:
-        "A VirtualMachineRestore that did not finish locks the machine, so it cannot start; an administrator lets "
-        "it finish or deletes it, and the snapshot is restored again.",
+        "A VirtualMachineRestore that did not finish locks the machine, so it cannot start or be deleted; an "
+        "administrator lets it finish or deletes it, and the snapshot is restored again.",
     Reason.RUNNING:
         "A restore or a system reset needs the workstation stopped; the user stops it first.",
     Reason.SHARED_DATA:

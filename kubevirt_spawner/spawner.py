@@ -18,7 +18,7 @@ from traitlets import default
 
 from . import manifests as m
 from . import profiles as prof
-from .operations import refuse_start_during_operation
+from .operations import defer_delete_during_operation, refuse_start_during_operation
 from .service import SERVICE_NAME
 from .spawner_machines import TEMPLATE_SETTINGS, SpawnerMachines, _shared, cpu_quantity
 from .workstation import WorkstationError, refusals_explained, wait_synced
@@ -213,5 +213,14 @@ class KubeVirtSpawner(SpawnerMachines, Spawner):
 
     async def delete_forever(self):
         ws = await self._workstation()
+        with refusals_explained(self.log, "be deleted"):
+            await wait_synced(ws.caches, ws.log, self.k8s_api_retry_timeout, ws.ident.namespace)
+        try:
+            await defer_delete_during_operation(ws)  # a restore or reset deletes it when it ends
+        except WorkstationError as err:
+            # JupyterHub forgets the server whatever this does (a raise would only add its traceback
+            # to the hub's log): the sentence, for the admin, is the log line.
+            ws.log.warning("not deleted now: %s", err.jupyterhub_message)
+            return
         kept = await ws.retire()
         ws.log.info("deleted the workstation of %s; kept %s", self._log_name, ", ".join(kept))

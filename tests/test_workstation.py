@@ -24,7 +24,12 @@ from kubevirt_spawner import manifests as m
 from kubevirt_spawner import names
 from kubevirt_spawner import spawner as spawner_module
 from kubevirt_spawner.objects import condition, field_value
-from kubevirt_spawner.operations import Operation, Operations, refuse_start_during_operation
+from kubevirt_spawner.operations import (
+    Operation,
+    Operations,
+    defer_delete_during_operation,
+    refuse_start_during_operation,
+)
 from kubevirt_spawner.reflector import Caches
 from kubevirt_spawner.spawner import KubeVirtSpawner
 from kubevirt_spawner.workstation import CloneGate, Settings, Workstation, WorkstationError
@@ -829,6 +834,114 @@ async def test_a_restore_stuck_after_replacing_a_disk_says_what_an_admin_must_do
     await env.admin.delete(k.RESTORE, ws.ident.namespace, recorded.restore)
     await env.caches.wait_for(lambda: locked_by(ws) is None, 30, ws.ident.namespace)
     refuse_start_during_operation(ws)
+
+
+async def test_a_workstation_deleted_mid_restore_is_deleted_when_the_restore_ends_and_keeps_its_disks(env, wsim):
+    """In place, KubeVirt deletes the claims it replaces before it makes the restored ones
+    (pkg/storage/snapshot/restore.go reconcileVolumeRestores): deleting the VM in between cuts the
+    restore off with the disks gone (the CI soak found this, seed 311067). JupyterHub forgets a
+    named server whose delete_forever fails (jupyterhub/user.py _delete_spawner only logs it), so
+    the spawner's delete, asked mid-restore, leaves the machine whole and is carried out when the
+    restore ends: the disks come back restored and are kept, marked retained, their volumes Retain;
+    no start meanwhile."""
+    ws = await stopped_with_snapshot(env, "dora")
+    write_markers(ws, env, "etc/after-the-snapshot")
+    old_uid = ws.rootdisk_pvc["metadata"]["uid"]
+    ops = Operations(ws, LocalServer(ws), safety_snapshot=False, timeout=60)
+    op = await ops.begin_restore("clean", by="dora")
+    saved = sim_api(env.sim, "GET", "/timing")["timing"]["restore"]
+    sim_api(env.sim, "PUT", "/timing", {"restore": 200})  # the VM's rewrite 5 s after the new claims
+    try:
+        run = asyncio.ensure_future(ops.run(op))
+        await env.caches.wait_for(lambda: locked_by(ws) and (ws.rootdisk_pvc or {}).get("metadata", {}).get(
+            "uid") not in (None, old_uid), 30, ws.ident.namespace)  # the claims replaced, the restore not done
+        c = Config()
+        c.KubeVirtSpawner.kubeconfig = wsim.kubeconfig
+        spawner = KubeVirtSpawner(config=c, user=types.SimpleNamespace(name="dora", url="/user/dora/"))
+        await spawner.delete_forever()  # what the hub calls, and forgets the server after, however it ends
+        await env.caches.wait_for(lambda: m.ANNOTATION_DELETE_REQUESTED in ws.vm["metadata"]["annotations"], 10,
+                                  ws.ident.namespace)
+        with user_error("operation-running", re.escape("being restored (step 2 of 3: restoring the snapshot); it is "
+                                                       "deleted when that is done, and its disks and snapshots are "
+                                                       "kept.")):
+            await defer_delete_during_operation(ws)  # (the sentence the hub's log has)
+        assert not run.done() and locked_by(ws)
+        with user_error("operation-running", "is deleted when that is done \\(its disks are kept\\)"):
+            refuse_start_during_operation(ws)
+        done = await asyncio.wait_for(run, 60)
+    finally:
+        sim_api(env.sim, "PUT", "/timing", {"restore": saved})
+    assert done.state == "running" and done.current == "start"  # never started: deleted instead
+    await env.caches.wait_for(lambda: ws.vm is None, 30, ws.ident.namespace)
+    kept = [(kind, obj) for kind, obj in ws.disks_and_snapshots() if kind in (k.DV, k.PVC)]
+    assert sorted(obj["metadata"]["name"] for _, obj in kept) == ["dora-rootdisk", "dora-rootdisk",
+                                                                   "dora-workspace", "dora-workspace"]
+    assert all(obj["metadata"]["labels"].get(m.LABEL_RETAINED) == "true" for _, obj in kept)
+    assert sorted(volumes_of(env, ws.ident.namespace).values()) == [("Bound", "Retain")] * 2
+    root = env.sim.cluster.volume_dir(ws.rootdisk_pvc)
+    assert not os.path.exists(os.path.join(root, "etc/after-the-snapshot"))  # restored before it was kept
+    assert [r for r in (await env.admin.list(k.RESTORE, ws.ident.namespace))["items"]
+            if not r["metadata"].get("deletionTimestamp")] == []
+
+
+async def test_a_workstation_a_stuck_restore_locks_is_not_deleted(env):
+    """A deletion asked while a restore runs that then stalls with a claim replaced (a missing
+    VolumeSnapshot: restore.go createRestorePVC) is not carried out: deleting the VM would cut that
+    restore off (its disks half restored). Asked again, the refusal names the restore an
+    administrator must let finish or delete first."""
+    ws = await stopped_with_snapshot(env, "theo")
+    for vs in await volume_snapshots(env, ws, ws.ident.rootdisk):
+        await env.admin.delete(k.VOLUME_SNAPSHOT, ws.ident.namespace, vs)
+    ops = Operations(ws, LocalServer(ws), safety_snapshot=False, timeout=5)
+    op = await ops.begin_restore("clean", by="theo")
+    run = asyncio.ensure_future(ops.run(op))
+    await env.caches.wait_for(lambda: locked_by(ws), 30, ws.ident.namespace)
+    with user_error("operation-running", "it is deleted when that is done"):
+        await defer_delete_during_operation(ws)
+    with user_error("restore-stuck", "stopped half-way"):
+        await asyncio.wait_for(run, 60)
+    holder = locked_by(ws)
+    assert ws.vm is not None and m.ANNOTATION_DELETE_REQUESTED in ws.vm["metadata"]["annotations"]
+    with user_error("restore-stuck", re.escape(f"locked by VirtualMachineRestore {ws.ident.namespace}/{holder}, "
+                                               "which has not finished, so it was not deleted")):
+        await defer_delete_during_operation(ws)
+    assert ws.vm is not None and (await env.admin.get(k.RESTORE, ws.ident.namespace, holder)) is not None
+    await env.admin.delete(k.RESTORE, ws.ident.namespace, holder)  # (the admin's way out: the stuck restore test)
+
+
+async def test_a_restore_that_fails_with_nothing_replaced_carries_out_the_deletion_asked_meanwhile(env):
+    """A restore cancelled before it replaced a disk leaves the machine as it was and unlocked: the
+    deletion asked while it ran is carried out then, the disks kept."""
+    ws = await stopped_with_snapshot(env, "ugo")
+    ops = Operations(ws, LocalServer(ws), safety_snapshot=False, timeout=3)
+    op = await ops.begin_restore("clean", by="ugo")
+    with restores_fail(env, "VolumeSnapshot vs-x not ready"):
+        run = asyncio.ensure_future(ops.run(op))
+        await env.caches.wait_for(lambda: Operation.from_vm(ws.vm).current == "restore", 30, ws.ident.namespace)
+        with user_error("operation-running", "it is deleted when that is done"):
+            await defer_delete_during_operation(ws)
+        with user_error("restore-failed", "cancelled before any disk was replaced"):
+            await asyncio.wait_for(run, 60)
+    await env.caches.wait_for(lambda: ws.vm is None, 30, ws.ident.namespace)
+    kept = [obj for kind, obj in ws.disks_and_snapshots() if kind is k.PVC]
+    assert len(kept) == 2 and all(obj["metadata"]["labels"].get(m.LABEL_RETAINED) == "true" for obj in kept)
+    assert sorted(volumes_of(env, ws.ident.namespace).values()) == [("Bound", "Retain")] * 2
+
+
+async def test_a_start_withdraws_a_deletion_asked_during_an_operation(env):
+    """A deletion left undone (a stuck restore kept the machine) is withdrawn by a start: the user
+    wants the machine, and the next restore or reset must not delete it when it ends."""
+    ws = workstation(env, "vida")
+    await ws.start({}, [])
+    await ws.stop()
+    await env.admin.patch(k.VM, ws.ident.namespace, ws.ident.vm,
+                          {"metadata": {"annotations": {m.ANNOTATION_DELETE_REQUESTED: "2026-12-05T17:20:18Z"}}})
+    await env.caches.wait_for(lambda: m.ANNOTATION_DELETE_REQUESTED in ws.vm["metadata"]["annotations"], 10,
+                              ws.ident.namespace)
+    await ws.start({}, [])
+    await env.caches.wait_for(lambda: m.ANNOTATION_DELETE_REQUESTED not in ws.vm["metadata"]["annotations"], 10,
+                              ws.ident.namespace)
+    await ws.stop(now=True)
 
 
 async def test_a_failure_the_cluster_will_not_record_yet_is_recorded_once_it_can(env, monkeypatch):

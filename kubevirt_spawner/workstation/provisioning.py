@@ -76,6 +76,7 @@ class Provisioning(Disks):
             report(5, f"Cloning your system disk from {spec.golden_name}")
             await self._ensure(k.DV, m.root_datavolume(ident, spec), self.caches.dvs)
         await self._unretire()
+        await self._withdraw_deletion(vm)
         if spec.workspace_disk_size and self.caches.dvs.get(ident.namespace, ident.workspace) is None \
                 and self.caches.pvcs.get(ident.namespace, ident.workspace) is None:
             await self._ensure(k.DV, m.workspace_datavolume(ident, spec), self.caches.dvs)
@@ -119,6 +120,15 @@ class Provisioning(Disks):
                     f"The shared data volume {where} that your workstation mounts at {share.path} is a block "
                     "device, not a filesystem, so nothing was started; ask your administrator to give a "
                     "Filesystem claim.", reason=Reason.SHARED_DATA, status_code=409)
+
+    async def _withdraw_deletion(self, vm: dict | None):
+        """A deletion asked while a restore or reset ran and not carried out (the restore stopped
+        with the machine locked): a start means the user wants the machine, so the operation that
+        comes next must not delete it when it ends."""
+        if vm is not None and m.ANNOTATION_DELETE_REQUESTED in (vm["metadata"].get("annotations") or {}):
+            await self.kube.patch(k.VM, self.ident.namespace, self.ident.vm,
+                                  {"metadata": {"annotations": {m.ANNOTATION_DELETE_REQUESTED: None}}})
+            self.log.info("started again: the deletion asked while an operation ran is withdrawn")
 
     async def _unretire(self):
         """A user who comes back before the retention ends gets their kept disks back. An account
