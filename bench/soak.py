@@ -155,6 +155,7 @@ class Soak:
         self.known_pvcs: dict[str, tuple[str, str, str]] = {}  # uid -> (namespace, name, workstation label)
         self.licences: set[tuple[str, str]] = set()  # (namespace, label): purged since the last check
         self.last_check = 0.0  # (wall clock, as the operations' records)
+        self.last_busy: set = set()  # the workstations an operation changed at the last check
         self.disagree: dict[str, float] = {}  # workstation -> since when hub and cluster disagree
         self.hub_down_since: float | None = None
         self.last_answer = ""
@@ -724,10 +725,13 @@ class Soak:
                 (key[0], vm["metadata"]["name"]) in restores}
         ended = {key for key, vm in vms.items() if _operation_updated(vm) >= self.last_check - 5}
         self._check_operations(vms)
-        self._check_claims(busy | ended | set(self.licences))
+        # (and those busy at the last check: an operation that ended by deleting its VM, as a
+        # delete asked while it ran does, leaves no record to read)
+        self._check_claims(busy | ended | self.last_busy | set(self.licences))
         self.licences.clear()
         self._check_volumes(busy)
         self.last_check = time.time()
+        self.last_busy = busy
         for (ns, label), vm in vms.items():
             op = Operation.from_vm(vm)
             if op is not None and op.state == "failed":
@@ -851,6 +855,10 @@ class Soak:
             op = Operation.from_vm(vm)
             if op is not None and op.state == "failed":
                 continue  # the record says what failed and what to do (checked as a sentence)
+            if s.deleted and servers.get(s.path) is None:
+                # A delete asked while an operation ran is carried out when it ends; a stuck
+                # restore's lock keeps the VM (its operation failed, with the sentence: above).
+                raise Violation(f"{s.path} was deleted and its VM is still there, with no failed operation")
             if servers.get(s.path) is not None:
                 if (s.namespace, s.vm_name) not in roots:
                     raise Violation(f"the hub says {s.path} runs, and no guest runs for it")

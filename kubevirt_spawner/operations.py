@@ -10,6 +10,7 @@ view of the server stays true. Nothing here deletes anything but the system disk
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 from dataclasses import asdict, dataclass, field
@@ -121,7 +122,7 @@ def refuse_start_during_operation(ws: Workstation):
     that did not finish locks it (KubeVirt refuses any change of its run state then:
     pkg/storage/admitters/vm-storage-status.go), with the sentence that says what to do."""
     op = Operation.from_vm(ws.vm)
-    if op is not None and op.state == "running" and delete_requested(ws.vm):
+    if op is not None and op.state == "running" and delete_requested(ws.vm, op):
         raise WorkstationError(f"Your workstation is {op.describe()} and is deleted when that is done (its disks "
                                "are kept); start it again after that.", reason=Reason.OPERATION_RUNNING,
                                status_code=409)
@@ -146,32 +147,51 @@ async def defer_delete_during_operation(ws: Workstation):
     here can make the hub wait. Deleting the VM mid-restore would cut off KubeVirt's restore after
     it deleted the claims it replaces in place and before it made the new ones (restore.go
     reconcileVolumeRestores): the disks would be gone. So a running operation is asked to delete
-    the workstation when it ends (the mark on the VM, which `Operations.run` reads); a VM a restore
-    that did not finish still locks is left whole, for an administrator to finish that restore."""
+    the workstation when it ends (the mark on the VM names it; `Operations.run` reads it after its
+    last save, so a mark written before that save is seen there, and a later one sees the
+    operation ended here); a VM a restore that did not finish still locks is left whole.
+
+    Decided on the VM as the API server has it, not the cache: the cache may not have the record of
+    an operation that began a moment ago."""
     ident = ws.ident
-    op = Operation.from_vm(ws.vm)
+    vm = await _live_vm(ws)
+    op = Operation.from_vm(vm)
     if op is not None and op.state == "running":
         try:
-            await ws.kube.patch(k.VM, ident.namespace, ident.vm,
-                                {"metadata": {"annotations": {m.ANNOTATION_DELETE_REQUESTED: _now()}}})
+            vm = await ws.kube.patch(k.VM, ident.namespace, ident.vm,
+                                     {"metadata": {"annotations": {m.ANNOTATION_DELETE_REQUESTED: op.id}}})
         except k.KubeError as err:
             raise WorkstationError(f"Your workstation is {op.describe()}, so it was not deleted, and the cluster "
-                                   f"would not record the deletion for later ({err.for_users}); delete it again "
-                                   "when that is done.", reason=Reason.OPERATION_RUNNING, status_code=409) from err
-        raise WorkstationError(f"Your workstation is {op.describe()}; it is deleted when that is done, and its disks "
-                               "and snapshots are kept.", reason=Reason.OPERATION_RUNNING, status_code=409)
-    holder = ((ws.vm or {}).get("status") or {}).get("restoreInProgress")
+                                   f"would not record the deletion for later ({err.for_users}); an administrator "
+                                   "deletes it once that is done.", reason=Reason.OPERATION_RUNNING,
+                                   status_code=409) from err
+        now = Operation.from_vm(vm)
+        if now is not None and now.id == op.id and now.state == "running":
+            raise WorkstationError(f"Your workstation is {op.describe()}; it is deleted when that is done, and its "
+                                   "disks and snapshots are kept.", reason=Reason.OPERATION_RUNNING, status_code=409)
+        # It ended between the read and the mark: it will not read the mark, so the deletion is now.
+        await ws.kube.patch(k.VM, ident.namespace, ident.vm,
+                            {"metadata": {"annotations": {m.ANNOTATION_DELETE_REQUESTED: None}}})
+    holder = ((vm or {}).get("status") or {}).get("restoreInProgress")
     if holder:
         raise WorkstationError(
             f"Your workstation is locked by VirtualMachineRestore {ident.namespace}/{holder}, which has not finished, "
-            "so it was not deleted (its disks may be half restored): ask your administrator to let that restore "
-            "finish or delete it, then start the workstation again and delete it.", reason=Reason.RESTORE_STUCK,
-            status_code=409)
+            "so it was not deleted (its disks may be half restored): an administrator lets that restore finish, or "
+            "deletes it and restores the snapshot again, and then deletes the workstation.",
+            reason=Reason.RESTORE_STUCK, status_code=409)
 
 
-def delete_requested(vm: dict | None) -> bool:
-    """Whether the hub was asked to delete this machine while an operation ran."""
-    return m.ANNOTATION_DELETE_REQUESTED in ((vm or {}).get("metadata", {}).get("annotations") or {})
+async def _live_vm(ws: Workstation) -> dict | None:
+    """The workstation's VM from the API server (a list by name: the hub's RBAC lists and watches
+    VMs, and may not get one)."""
+    found = await ws.kube.list(k.VM, ws.ident.namespace, field_selector=f"metadata.name={ws.ident.vm}")
+    return next(iter(found.get("items") or []), None)
+
+
+def delete_requested(vm: dict | None, op: Operation) -> bool:
+    """Whether the hub was asked to delete this machine while `op` ran (a mark left by an earlier
+    operation is not this one's: a start withdraws it)."""
+    return ((vm or {}).get("metadata", {}).get("annotations") or {}).get(m.ANNOTATION_DELETE_REQUESTED) == op.id
 
 
 class Operations:
@@ -235,12 +255,11 @@ class Operations:
         try:
             while op.step < len(op.steps):
                 step = op.current
-                if step == "start" and delete_requested(self.ws.vm):
-                    await self._retire_as_asked(op)  # (its record goes with the VM)
-                    return op
                 if step == "start":  # the last step: a start must no longer be refused
                     op.state = "done"
                     await self._save(op)
+                    if delete_requested(self.ws.vm, op):  # (read after the save: see defer_delete_during_operation)
+                        return await self._delete_as_asked(op)
                 await getattr(self, "_step_" + step.replace("-", "_"))(op)
                 if step == "start":
                     break
@@ -262,6 +281,21 @@ class Operations:
             await self._retire_if_asked(op)
             raise
 
+    async def _delete_as_asked(self, op: Operation) -> Operation:
+        """Done: the deletion the hub was asked for while this ran, instead of the start. Its record
+        goes with the VM; one that cannot be deleted keeps a record saying so."""
+        try:
+            await self._retire_as_asked(op)
+        except Exception as err:  # (the change itself is done: what is left is for an administrator)
+            why = err.jupyterhub_message if isinstance(err, WorkstationError) else getattr(err, "for_users", None)
+            op.state, op.error = "failed", (f"The {op.kind} is done, but the workstation was not deleted as asked while "
+                                            f"it ran ({(why or str(err) or type(err).__name__).rstrip('.')}); an "
+                                            "administrator deletes it.")
+            self.ws.log.error("%s", op.error)
+            with contextlib.suppress(Exception):  # (best effort: the log has it)
+                await self._save(op)
+        return op
+
     async def _retire_as_asked(self, op: Operation):
         """The deletion the hub was asked for while this ran (defer_delete_during_operation)."""
         kept = await self.ws.retire()
@@ -269,19 +303,25 @@ class Operations:
 
     async def _retire_if_asked(self, op: Operation):
         """After a failure: a deletion asked meanwhile happens, unless a restore that did not finish
-        locks the machine (deleting it would cut that restore off: the failure's sentence says what
-        an administrator does; a start then withdraws the deletion)."""
-        if not delete_requested(self.ws.vm):
+        still locks the machine (deleting it would cut that restore off). A restore this operation
+        cancelled unlocks it a moment later (KubeVirt's finalizer): that is waited for."""
+        if not delete_requested(self.ws.vm, op):
             return
-        holder = ((self.ws.vm or {}).get("status") or {}).get("restoreInProgress")
-        if holder:
-            self.ws.log.warning("not deleted as asked while the %s ran: VirtualMachineRestore %s still locks it",
-                                op.kind, holder)
+        def unlocked() -> bool:
+            return not ((self.ws.vm or {}).get("status") or {}).get("restoreInProgress")
+        try:
+            await self.ws.caches.wait_for(unlocked, 10, self.ws.ident.namespace)
+        except asyncio.TimeoutError:
+            holder = ((self.ws.vm or {}).get("status") or {}).get("restoreInProgress")
+            self.ws.log.warning("not deleted as asked while the %s ran: VirtualMachineRestore %s still locks it; an "
+                                "administrator lets it finish, or deletes it and restores the snapshot again, and "
+                                "then deletes the workstation", op.kind, holder)
             return
         try:
             await self._retire_as_asked(op)
         except Exception:  # (the failure is what the caller reports; the deletion is for the admin's log)
-            self.ws.log.exception("could not delete the workstation as asked while the %s ran", op.kind)
+            self.ws.log.exception("could not delete the workstation as asked while the %s ran; an administrator "
+                                  "deletes it", op.kind)
 
     async def _fail(self, op: Operation, why: str):
         if op.current == "start":  # the change is made; only the start after it did not happen
