@@ -855,10 +855,9 @@ class Soak:
             op = Operation.from_vm(vm)
             if op is not None and op.state == "failed":
                 continue  # the record says what failed and what to do (checked as a sentence)
-            if s.deleted and servers.get(s.path) is None:
-                # A delete asked while an operation ran is carried out when it ends; a stuck
-                # restore's lock keeps the VM (its operation failed, with the sentence: above).
-                raise Violation(f"{s.path} was deleted and its VM is still there, with no failed operation")
+            if op is not None and op.state == "done" and \
+                    (vm["metadata"].get("annotations") or {}).get(m.ANNOTATION_DELETE_REQUESTED) == op.id:
+                raise Violation(f"{s.path} was deleted while its {op.kind} ran, and is still there after it")
             if servers.get(s.path) is not None:
                 if (s.namespace, s.vm_name) not in roots:
                     raise Violation(f"the hub says {s.path} runs, and no guest runs for it")

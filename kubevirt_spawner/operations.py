@@ -10,7 +10,6 @@ view of the server stays true. Nothing here deletes anything but the system disk
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import secrets
 from dataclasses import asdict, dataclass, field
@@ -259,7 +258,7 @@ class Operations:
                     op.state = "done"
                     await self._save(op)
                     if delete_requested(self.ws.vm, op):  # (read after the save: see defer_delete_during_operation)
-                        return await self._delete_as_asked(op)
+                        return await self.delete_as_asked(op)
                 await getattr(self, "_step_" + step.replace("-", "_"))(op)
                 if step == "start":
                     break
@@ -270,20 +269,21 @@ class Operations:
             return op
         except WorkstationError as err:
             await self._fail(op, err.jupyterhub_message or str(err))
-            await self._retire_if_asked(op)
+            await self.retire_if_asked(op)
             raise
         except k.KubeError as err:
             await self._fail(op, f"the cluster refused a request ({err.for_users})")
-            await self._retire_if_asked(op)
+            await self.retire_if_asked(op)
             raise
         except Exception as err:  # the hub refusing a stop or start, or a bug: recorded all the same
             await self._fail(op, str(getattr(err, "message", "") or err) or type(err).__name__)
-            await self._retire_if_asked(op)
+            await self.retire_if_asked(op)
             raise
 
-    async def _delete_as_asked(self, op: Operation) -> Operation:
-        """Done: the deletion the hub was asked for while this ran, instead of the start. Its record
-        goes with the VM; one that cannot be deleted keeps a record saying so."""
+    async def delete_as_asked(self, op: Operation) -> Operation:
+        """Done: the deletion the hub was asked for while this ran, instead of the start (also what a
+        restarted service does for a record left "done" with the mark). Its record goes with the VM;
+        one that cannot be deleted keeps a record saying so."""
         try:
             await self._retire_as_asked(op)
         except Exception as err:  # (the change itself is done: what is left is for an administrator)
@@ -292,8 +292,7 @@ class Operations:
                                             f"it ran ({(why or str(err) or type(err).__name__).rstrip('.')}); an "
                                             "administrator deletes it.")
             self.ws.log.error("%s", op.error)
-            with contextlib.suppress(Exception):  # (best effort: the log has it)
-                await self._save(op)
+            await self._record_failure(op)
         return op
 
     async def _retire_as_asked(self, op: Operation):
@@ -301,7 +300,7 @@ class Operations:
         kept = await self.ws.retire()
         self.ws.log.info("deleted after the %s, as asked while it ran; kept %s", op.kind, ", ".join(kept) or "nothing")
 
-    async def _retire_if_asked(self, op: Operation):
+    async def retire_if_asked(self, op: Operation):
         """After a failure: a deletion asked meanwhile happens, unless a restore that did not finish
         still locks the machine (deleting it would cut that restore off). A restore this operation
         cancelled unlocks it a moment later (KubeVirt's finalizer): that is waited for."""
@@ -330,6 +329,9 @@ class Operations:
                    "start it yourself.")
         op.state, op.error = "failed", why
         self.ws.log.warning("%s failed at step %d (%s): %s", op.kind, op.step + 1, op.current, why)
+        await self._record_failure(op)
+
+    async def _record_failure(self, op: Operation):
         try:
             await self._save(op)
         except asyncio.TimeoutError:

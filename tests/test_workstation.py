@@ -930,6 +930,21 @@ async def test_a_restore_that_fails_with_nothing_replaced_carries_out_the_deleti
     assert sorted(volumes_of(env, ws.ident.namespace).values()) == [("Bound", "Retain")] * 2
 
 
+async def test_a_deletion_asked_during_an_earlier_operation_never_deletes_after_a_later_one(env):
+    """The mark names the operation it was asked during: one left by an earlier operation (its
+    restore stuck, the machine kept) does not make a later restore delete the machine."""
+    ws = await stopped_with_snapshot(env, "wim")
+    await env.admin.patch(k.VM, ws.ident.namespace, ws.ident.vm,
+                          {"metadata": {"annotations": {m.ANNOTATION_DELETE_REQUESTED: "4f0c2a9e1b7d"}}})
+    await env.caches.wait_for(lambda: m.ANNOTATION_DELETE_REQUESTED in ws.vm["metadata"]["annotations"], 10,
+                              ws.ident.namespace)
+    ops = Operations(ws, LocalServer(ws), safety_snapshot=False, timeout=30)
+    done = await ops.run(await ops.begin_restore("clean", by="wim"))
+    assert done.state == "done"
+    vm = await env.admin.get(k.VM, ws.ident.namespace, ws.ident.vm)
+    assert vm is not None and m.LABEL_RETAINED not in (ws.rootdisk_pvc["metadata"].get("labels") or {})
+
+
 async def test_a_start_withdraws_a_deletion_asked_during_an_operation(env):
     """A deletion left undone (a stuck restore kept the machine) is withdrawn by a start: the user
     wants the machine, and the next restore or reset must not delete it when it ends."""
@@ -937,7 +952,7 @@ async def test_a_start_withdraws_a_deletion_asked_during_an_operation(env):
     await ws.start({}, [])
     await ws.stop()
     await env.admin.patch(k.VM, ws.ident.namespace, ws.ident.vm,
-                          {"metadata": {"annotations": {m.ANNOTATION_DELETE_REQUESTED: "2026-12-05T17:20:18Z"}}})
+                          {"metadata": {"annotations": {m.ANNOTATION_DELETE_REQUESTED: "4f0c2a9e1b7d"}}})
     await env.caches.wait_for(lambda: m.ANNOTATION_DELETE_REQUESTED in ws.vm["metadata"]["annotations"], 10,
                               ws.ident.namespace)
     await ws.start({}, [])

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from .. import kube as k
 from .. import manifests as m
-from ..operations import STEP_LABELS, Operation, Operations
+from ..operations import STEP_LABELS, Operation, Operations, delete_requested
 from ..workstation import Workstation, WorkstationError, refusals_explained
 from . import times
 from .access import Access, Caller, ServiceError, workstation_path
@@ -212,6 +212,12 @@ class Actions:
                 ws.log.info("going on with the %s %s asked for (%s)", op.kind, op.by, op.describe())
                 self.tasks[(user, server)] = asyncio.ensure_future(self._run(op.by, self.operations(ws), op,
                                                                              op.snapshot))
+            elif op is not None and delete_requested(ws.vm, op):
+                # Ended (done, or failed) before the deletion asked while it ran was carried out.
+                ws.log.info("deleting the workstation as asked while its %s ran", op.kind)
+                ops = self.operations(ws)
+                finish = ops.delete_as_asked(op) if op.state == "done" else ops.retire_if_asked(op)
+                self.tasks[(user, server)] = asyncio.ensure_future(finish)
 
     # ---------------------------------------------------------------- stop
     async def stop(self, caller: Caller, user: str, server: str, wait=True) -> dict:
