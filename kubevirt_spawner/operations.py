@@ -130,7 +130,7 @@ def refuse_start_during_operation(ws: Workstation):
                  else "start it again when that is done")
         raise WorkstationError(f"Your workstation is {op.describe()}; {after}.", reason=Reason.OPERATION_RUNNING,
                                status_code=409)
-    holder = ((ws.vm or {}).get("status") or {}).get("restoreInProgress")
+    holder = restore_lock(ws.vm)
     if holder:
         if op is not None and op.kind == "restore" and op.restore == holder and op.state == "failed" and op.error:
             raise WorkstationError(op.error, reason=Reason.RESTORE_STUCK, status_code=409)
@@ -171,7 +171,7 @@ async def defer_delete_during_operation(ws: Workstation):
         # It ended between the read and the mark: it will not read the mark, so the deletion is now.
         await ws.kube.patch(k.VM, ident.namespace, ident.vm,
                             {"metadata": {"annotations": {m.ANNOTATION_DELETE_REQUESTED: None}}})
-    holder = ((vm or {}).get("status") or {}).get("restoreInProgress")
+    holder = restore_lock(vm)
     if holder:
         raise WorkstationError(
             f"Your workstation is locked by VirtualMachineRestore {ident.namespace}/{holder}, which has not finished, "
@@ -185,6 +185,11 @@ async def _live_vm(ws: Workstation) -> dict | None:
     VMs, and may not get one)."""
     found = await ws.kube.list(k.VM, ws.ident.namespace, field_selector=f"metadata.name={ws.ident.vm}")
     return next(iter(found.get("items") or []), None)
+
+
+def restore_lock(vm: dict | None) -> str:
+    """The VirtualMachineRestore that locks the VM (status.restoreInProgress), or ""."""
+    return ((vm or {}).get("status") or {}).get("restoreInProgress") or ""
 
 
 def delete_requested(vm: dict | None, op: Operation) -> bool:
@@ -306,15 +311,12 @@ class Operations:
         cancelled unlocks it a moment later (KubeVirt's finalizer): that is waited for."""
         if not delete_requested(self.ws.vm, op):
             return
-        def unlocked() -> bool:
-            return not ((self.ws.vm or {}).get("status") or {}).get("restoreInProgress")
         try:
-            await self.ws.caches.wait_for(unlocked, 10, self.ws.ident.namespace)
+            await self.ws.caches.wait_for(lambda: not restore_lock(self.ws.vm), 10, self.ws.ident.namespace)
         except asyncio.TimeoutError:
-            holder = ((self.ws.vm or {}).get("status") or {}).get("restoreInProgress")
             self.ws.log.warning("not deleted as asked while the %s ran: VirtualMachineRestore %s still locks it; an "
                                 "administrator lets it finish, or deletes it and restores the snapshot again, and "
-                                "then deletes the workstation", op.kind, holder)
+                                "then deletes the workstation", op.kind, restore_lock(self.ws.vm))
             return
         try:
             await self._retire_as_asked(op)

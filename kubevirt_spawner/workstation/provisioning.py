@@ -123,8 +123,8 @@ class Provisioning(Disks):
 
     async def _withdraw_deletion(self, vm: dict | None):
         """A deletion asked while a restore or reset ran and not carried out (the restore stopped
-        with the machine locked): a start means the user wants the machine, so the operation that
-        comes next must not delete it when it ends."""
+        with the machine locked): a start means the user wants the machine, so a restarted service
+        must not carry that deletion out (Actions.resume_interrupted)."""
         if vm is not None and m.ANNOTATION_DELETE_REQUESTED in (vm["metadata"].get("annotations") or {}):
             await self.kube.patch(k.VM, self.ident.namespace, self.ident.vm,
                                   {"metadata": {"annotations": {m.ANNOTATION_DELETE_REQUESTED: None}}})
