@@ -53,6 +53,7 @@ DEMO_NEEDS = (
     # its workstations are process guests, Jupyter servers on this machine
     ("the demo's workstations run JupyterLab", ("jupyterlab", "ipykernel")),
     ("the demo's simulator checks every object against KubeVirt's schemas", ("jsonschema",)),
+    ("the demo's simulator evaluates admission policies as kube-apiserver does", ("cel_expr_python",)),
 )
 
 

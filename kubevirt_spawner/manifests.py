@@ -7,6 +7,7 @@ the raw user and server names as annotations.
 from __future__ import annotations
 
 import base64
+import copy
 import hashlib
 import json
 import re
@@ -24,6 +25,7 @@ from .objects import (
     USERDATA_KEY,
     WORKSPACE_DISK_SERIAL,
     check_mount_path,
+    field_value,
     merge_patch,
 )
 from .objects import ENV_DISK_SERIAL as ENV_DISK_SERIAL  # re-exported: the hub reads it here too
@@ -556,6 +558,39 @@ def virtual_machine(ident: Identity, spec: MachineSpec) -> dict[str, Any]:
                             "template": {"metadata": {"labels": labels(ident, "workstation", spec),
                                                       "annotations": identity_annotations(ident, spec)},
                                          "spec": template_spec}}, spec.extra_spec)}
+
+
+# What KubeVirt writes into a VM's template by itself and the guest depends on (KubeVirt v1.9):
+# the VM mutator gives a new VM a random firmware UUID and serial on create only
+# (vm-mutator.go setFirmwareDefaultsIfEmpty), which the guest sees as its SMBIOS identity and
+# cloud-init as its instance-id (pkg/cloud-init/cloud-init.go): a new one makes it a new
+# instance, with new SSH host keys. The PCI topology annotations set the guest's PCI layout
+# (vmi-mutator.go setDefaultPciTopologyVersion; vm.go syncPCITopologyAnnotationsToVM), and the
+# architecture and machine type its chipset (pkg/defaults SetVirtualMachineDefaults, which an
+# update re-fills from the cluster's config of the day).
+CLUSTER_TEMPLATE_ANNOTATIONS = ("kubevirt.io/pci-topology-version", "kubevirt.io/pci-interface-slot-count")
+CLUSTER_TEMPLATE_FIELDS = ("domain.firmware.uuid", "domain.firmware.serial", "architecture", "domain.machine.type")
+
+
+def keep_machine_identity(live_template: dict[str, Any], template: dict[str, Any]) -> dict[str, Any]:
+    """`template` (a new one for an existing VM) with what the cluster set in the live one and the
+    guest depends on, where `template` does not set it: a template replaced whole keeps the
+    machine's firmware identity, PCI layout and chipset."""
+    out = copy.deepcopy(template)
+    for path in CLUSTER_TEMPLATE_FIELDS:
+        value = field_value(live_template, f"spec.{path}")
+        if value in (None, "") or field_value(out, f"spec.{path}") not in (None, ""):
+            continue
+        *parents, leaf = ["spec", *path.split(".")]
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    live_annotations = field_value(live_template, "metadata.annotations") or {}
+    for key in CLUSTER_TEMPLATE_ANNOTATIONS:
+        if key in live_annotations:
+            out.setdefault("metadata", {}).setdefault("annotations", {}).setdefault(key, live_annotations[key])
+    return out
 
 
 def guest_env(spec: MachineSpec) -> dict[str, str]:

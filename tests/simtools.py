@@ -7,6 +7,7 @@ import atexit
 import contextlib
 import functools
 import json
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -126,7 +127,9 @@ def apply(sim, obj: dict):
     """Create the object, or replace it when it exists (what `kubectl apply` ends in), as the admin."""
     group, _, version = obj["apiVersion"].rpartition("/")
     plural = {"ClusterRole": "clusterroles", "ClusterRoleBinding": "clusterrolebindings", "Role": "roles",
-              "RoleBinding": "rolebindings", "Namespace": "namespaces", "ServiceAccount": "serviceaccounts"}[obj["kind"]]
+              "RoleBinding": "rolebindings", "Namespace": "namespaces", "ServiceAccount": "serviceaccounts",
+              "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
+              "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings"}[obj["kind"]]
     base = f"{sim.url}/apis/{group}/{version}" if group else f"{sim.url}/api/{version}"
     ns = obj["metadata"].get("namespace")
     collection = f"{base}/namespaces/{ns}/{plural}" if ns else f"{base}/{plural}"
@@ -136,10 +139,45 @@ def apply(sim, obj: dict):
     assert r.status_code in (200, 201), r.text
 
 
-def hub_kubeconfig(sim, path, objects: list[dict] | None = None, hub_namespace: str = HUB_NAMESPACE) -> str:
-    """The hub's ServiceAccount with the RBAC of deploy/rbac/ (or `objects`): a kubeconfig with its token."""
+def hub_admission_policy(hub_namespace: str = HUB_NAMESPACE) -> list[dict]:
+    """deploy/guardrails/'s ValidatingAdmissionPolicy and its binding (rendered), for the hub's
+    ServiceAccount in `hub_namespace`."""
+    text = (rendered_deploy() / "guardrails" / "hub-admission-policy.yaml").read_text()
+    return list(yaml.safe_load_all(text.replace(f"system:serviceaccount:{HUB_NAMESPACE}:",
+                                                f"system:serviceaccount:{hub_namespace}:")))
+
+
+@contextlib.contextmanager
+def site_policy(sim, **settings: str):
+    """The hub's admission policy rendered with a site's deploy/settings.env values (`settings`,
+    by name) in force for the block, then the default one again: a test whose hub settings a
+    site must also list there (a namespace prefix, its labels' prefixes)."""
+    out = Path(tempfile.mkdtemp(prefix="kvs-site-"))
+    try:
+        lines = [line for line in (DEPLOY / "settings.env").read_text().splitlines()
+                 if line.partition("=")[0] not in settings]
+        lines += [f"{name}={shlex.quote(value)}" for name, value in settings.items()]
+        (out / "site.env").write_text("\n".join(lines) + "\n")
+        subprocess.run(["bash", str(DEPLOY / "render.sh"), "--out", str(out / "r"), "--settings",
+                        str(out / "site.env")], check=True, capture_output=True)
+        for obj in yaml.safe_load_all((out / "r" / "guardrails" / "hub-admission-policy.yaml").read_text()):
+            apply(sim, obj)
+        yield
+    finally:
+        for obj in hub_admission_policy():
+            apply(sim, obj)
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def hub_kubeconfig(sim, path, objects: list[dict] | None = None, hub_namespace: str = HUB_NAMESPACE,
+                   policy: bool = True) -> str:
+    """The hub's ServiceAccount with the RBAC of deploy/rbac/ (or `objects`) and, unless `policy`
+    is False, the admission policy of deploy/guardrails/, which the simulator evaluates on every
+    write of the hub as kube-apiserver does: a kubeconfig with its token."""
     apply(sim, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": hub_namespace}})
     for obj in hub_rbac_objects(hub_namespace) if objects is None else objects:
+        apply(sim, obj)
+    for obj in hub_admission_policy(hub_namespace) if policy else ():
         apply(sim, obj)
     return service_account_kubeconfig(sim, hub_namespace, HUB_SERVICE_ACCOUNT, path)
 

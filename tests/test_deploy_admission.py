@@ -1,10 +1,11 @@
 """The hub's ValidatingAdmissionPolicy (deploy/guardrails/hub-admission-policy.yaml), evaluated
 with Google's CEL runtime the way kube-apiserver evaluates it
-(staging/src/k8s.io/apiserver/pkg/admission/plugin/policy/validating/validator.go): the request
-must match a resource rule and every matchCondition; then every validation must be true, and an
-expression that errors counts as a refusal under failurePolicy Fail. The simulator does not run
-CEL, so this is where the policy is proven: every object the spawner builds passes it, and each
-thing it exists to stop is refused."""
+(staging/src/k8s.io/apiserver/pkg/admission/plugin/policy/validating/validator.go), by the
+simulator's evaluator (kubevirt_spawner/sim/policies.py): the request must match a resource rule
+and every matchCondition; then every validation must be true, and an expression that errors
+counts as a refusal under failurePolicy Fail. Here each case is one request on an object as the
+cluster would hold it; tests/test_sim_admission_chain.py sends the spawner's own writes through
+the simulator, where KubeVirt's mutators change them first."""
 
 from __future__ import annotations
 
@@ -15,11 +16,10 @@ import subprocess
 
 import pytest
 import yaml
-from cel_expr_python import cel
-from cel_expr_python.ext import ext_optional, ext_strings
 
 from kubevirt_spawner import manifests as m
 from kubevirt_spawner import names
+from kubevirt_spawner.sim.policies import Policy, Verdict
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 HUB = "system:serviceaccount:jupyterhub:hub"
@@ -39,59 +39,6 @@ RESOURCES = {"Namespace": ("", "v1", "namespaces"), "Secret": ("", "v1", "secret
              "NetworkPolicy": ("networking.k8s.io", "v1", "networkpolicies"),
              "PersistentVolume": ("", "v1", "persistentvolumes"),
              "RoleBinding": ("rbac.authorization.k8s.io", "v1", "rolebindings")}
-
-
-@dataclasses.dataclass
-class Verdict:
-    allowed: bool
-    matched: bool
-    message: str = ""
-
-
-class Policy:
-    """One ValidatingAdmissionPolicy, compiled once."""
-
-    def __init__(self, doc: dict):
-        self.spec = doc["spec"]
-        self.env = cel.NewEnv(
-            variables={n: cel.Type.DYN for n in ("object", "oldObject", "namespaceObject", "request", "params",
-                                                 "variables")},
-            extensions=[ext_optional.ExtOptional(), ext_strings.ExtStrings()])
-        compile_ = self.env.compile  # a syntax or type error fails here, as the API server's type check would
-        self.conditions = [(c["name"], compile_(c["expression"])) for c in self.spec.get("matchConditions", [])]
-        self.variables = [(v["name"], compile_(v["expression"])) for v in self.spec.get("variables", [])]
-        self.validations = [(compile_(v["expression"]), v.get("message"),
-                             compile_(v["messageExpression"]) if "messageExpression" in v else None)
-                            for v in self.spec["validations"]]
-
-    def matches(self, request: dict) -> bool:
-        res = request["resource"]
-        return any(res["group"] in rule["apiGroups"] and res["version"] in rule["apiVersions"]
-                   and res["resource"] in rule["resources"] and request["operation"] in rule["operations"]
-                   and not request["subResource"]
-                   for rule in self.spec["matchConstraints"]["resourceRules"])
-
-    def admit(self, request: dict, obj, old, namespace) -> Verdict:
-        if not self.matches(request):
-            return Verdict(True, False)
-        data = {"object": obj, "oldObject": old, "namespaceObject": namespace, "request": request,
-                "params": None, "variables": {}}
-        for name, condition in self.conditions:
-            value = condition.eval(data=data)
-            if value.type() == cel.Type.ERROR:
-                return Verdict(False, True, f"matchCondition {name}: {value.value()}")
-            if value.value() is not True:
-                return Verdict(True, False)
-        for name, expr in self.variables:
-            data["variables"] = {**data["variables"], name: expr.eval(data=data).plain_value()}
-        for expr, message, message_expr in self.validations:
-            value = expr.eval(data=data)
-            if value.type() == cel.Type.ERROR:
-                return Verdict(False, True, f"error: {value.value()}")
-            if value.value() is not True:
-                text = message_expr.eval(data=data).value() if message_expr else message
-                return Verdict(False, True, text)
-        return Verdict(True, True)
 
 
 def rendered_policy(out, settings=None) -> Policy:
@@ -420,8 +367,13 @@ def _container_disk(vm, value):
 @pytest.mark.parametrize("change,value,words", [
     # copied to the virt-launcher pod: a hook sidecar runs any image beside QEMU; a Multus network
     (_template("annotations"), {"hooks.kubevirt.io/hookSidecars": '[{"image": "evil/sidecar"}]'},
-     "annotations of kubevirt-spawner.io/ and VM_EXTRA_ANNOTATION_PREFIXES [] only"),
+     "and VM_EXTRA_ANNOTATION_PREFIXES [] only"),
     (_template("annotations"), {"k8s.v1.cni.cncf.io/networks": "payroll/net"}, "annotations of kubevirt-spawner.io/"),
+    # KubeVirt's own keys pass only as KubeVirt writes them (test_kubevirts_template_annotations_pass)
+    (_template("annotations"), {"kubevirt.io/pci-topology-version": "v3; x"}, "pci-topology-version v2 or v3"),
+    (_template("annotations"), {"kubevirt.io/pci-interface-slot-count": "-1"}, "pci-topology-version v2 or v3"),
+    (_template("annotations"), {"kubevirt.io/allow-pod-bridge-network-live-migration": "true"},
+     "annotations of kubevirt-spawner.io/"),
     (_template("labels"), {"role": "payroll-db-client"}, "labels of kubevirt-spawner.io/"),
     (_template_spec("tolerations"), [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists",
                                        "effect": "NoSchedule"}], "tolerates the taints workload.example.com/kubevirt and VM_EXTRA_TOLERATION_KEYS [] only"),
@@ -431,7 +383,8 @@ def _container_disk(vm, value):
      "instancetype or preference"),
     (_kernel_boot, {"container": {"image": "evil/kernel", "kernelPath": "/vmlinuz"}}, "no kernelBoot"),
     (_container_disk, {"name": "rootdisk", "containerDisk": {"image": "evil/rootfs"}}, "may mount claims"),
-], ids=["hook-sidecar", "multus-annotation", "foreign-label", "control-plane-toleration", "tolerate-all",
+], ids=["hook-sidecar", "multus-annotation", "pci-version-not-kubevirts", "pci-slots-not-a-count",
+        "other-kubevirt-annotation", "foreign-label", "control-plane-toleration", "tolerate-all",
         "priority-class", "instancetype", "kernel-boot-container", "container-disk-boot"])
 def test_a_vm_template_gives_the_launcher_pod_nothing_but_the_spawners(policy, change, value, words):
     """Issue 30, item 3: the template's metadata (virt-controller copies it to the launcher pod),

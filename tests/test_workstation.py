@@ -12,6 +12,7 @@ import os
 import re
 import time
 import types
+import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -33,8 +34,9 @@ from kubevirt_spawner.operations import (
 from kubevirt_spawner.reflector import Caches
 from kubevirt_spawner.spawner import KubeVirtSpawner
 from kubevirt_spawner.workstation import CloneGate, Settings, Workstation, WorkstationError
+from kubevirt_spawner.workstation.base import ANNOTATION_SPEC_HASH
 
-from simtools import http, hub_kubeconfig, sim_api, start_sim, wait_for
+from simtools import http, hub_kubeconfig, sim_api, site_policy, start_sim, wait_for
 
 GPU = "nvidia.com/A100-PCIE-40GB"
 GPU_PLACEMENT = dict(node_selector={"accelerator.example.com/mode": "vfio"},
@@ -721,6 +723,43 @@ async def test_restore_puts_the_system_back_in_place_and_the_disk_stays_the_user
     await ws.stop(now=True)
 
 
+def machine_identity(vm: dict) -> tuple:
+    """What KubeVirt gave the machine and the guest sees (its firmware UUID is cloud-init's
+    instance-id): firmware UUID and serial, PCI topology, chipset."""
+    template = vm["spec"]["template"]
+    return (field_value(template, "spec.domain.firmware.uuid"), field_value(template, "spec.domain.firmware.serial"),
+            (field_value(template, "metadata.annotations") or {}).get("kubevirt.io/pci-topology-version"),
+            field_value(template, "spec.architecture"), field_value(template, "spec.domain.machine.type"))
+
+
+async def test_a_profile_switch_and_a_restore_keep_the_machines_firmware_identity(env):
+    """Issue 47, item 2. KubeVirt's VM mutator gives a new VM a random firmware UUID and serial on
+    create only (vm-mutator.go setFirmwareDefaultsIfEmpty); a template replaced whole without them
+    got the name's UUID from virt-controller (firmware.go Sync) and no serial, so cloud-init
+    (instance-id = the firmware UUID, pkg/cloud-init/cloud-init.go) saw a new instance and made
+    new SSH host keys. A profile switch and the first start after a restore (which replaces the
+    template: the restored VM has no spec hash) keep what the cluster set."""
+    ws = workstation(env, "fern", m.MachineSpec(profile="big", profile_version="1"))
+    await ws.start({}, [])
+    before = machine_identity(ws.vm)
+    assert uuid.UUID(before[0]).version == 4 and before[1] and before[2] == "v3", before
+    assert field_value(ws.vmi, "spec.domain.firmware") == ws.vm["spec"]["template"]["spec"]["domain"]["firmware"]
+    await ws.take_snapshot("kept")
+    await ws.stop()
+    switched = workstation(env, "fern", m.MachineSpec(cpu="2", memory="4Gi", profile="small", profile_version="1"))
+    await switched.start({}, [])
+    assert switched.vm["spec"]["template"]["spec"]["domain"]["resources"]["requests"]["cpu"] == "2"
+    assert machine_identity(switched.vm) == before
+    assert field_value(switched.vmi, "spec.domain.firmware.uuid") == before[0]
+    ops = Operations(switched, LocalServer(switched))
+    done = await ops.run(await ops.begin_restore("kept", by="fern"))
+    assert done.state == "done" and done.steps[-1] == "start"  # (started again: it was running)
+    assert switched.vm["metadata"]["annotations"][ANNOTATION_SPEC_HASH]  # the start replaced the restored template
+    assert machine_identity(switched.vm) == before
+    assert field_value(switched.vmi, "spec.domain.firmware.uuid") == before[0]
+    await switched.stop(now=True)
+
+
 def volumes_of(env, namespace: str) -> dict[str, tuple[str, str]]:
     """The namespace's claims' volumes: name -> (phase, reclaim policy)."""
     items = http(env.sim).get(f"{env.sim.url}/api/v1/persistentvolumes").json()["items"]
@@ -1159,8 +1198,7 @@ async def test_a_reset_installs_the_golden_image_configured_now(env):
     """How users upgrade: the profile now names a newer golden image; a reset clones the system disk
     from it (a start alone keeps the disk the machine has)."""
     golden_v2 = "ubuntu-24-04-cuda-golden-v2"
-    await ensure_namespace(env, "vm-images")
-    try:
+    try:  # (as the cluster's admin, in the golden images' namespace: the hub only reads there)
         await env.admin.create(k.DV, {"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
                                      "metadata": {"name": golden_v2, "namespace": "vm-images"},
                                      "spec": {"source": {"pvc": {"namespace": "vm-images",
@@ -1428,21 +1466,22 @@ async def test_workstations_sharing_a_namespace_never_share_a_snapshot_object(en
     shared = {"namespace": "notebooks-shared"}
     bob, bobx = (Workstation(env.kube, env.caches, names.identity(user, templates=shared), m.MachineSpec(),
                              Settings(url_mode="cluster-ip"), LOG) for user in ("bob", "bob-x"))
-    for ws in (bob, bobx):
-        await ws.start({}, [])
-        await ws.stop()
-    assert (await bob.take_snapshot("x-y"))["object"] == "bob.x-y"
-    assert (await bobx.take_snapshot("y"))["object"] == "bob-x.y"
+    with site_policy(env.sim, USER_NAMESPACE_PREFIX="notebooks-"):  # (a site's namespace, listed there)
+        for ws in (bob, bobx):
+            await ws.start({}, [])
+            await ws.stop()
+        assert (await bob.take_snapshot("x-y"))["object"] == "bob.x-y"
+        assert (await bobx.take_snapshot("y"))["object"] == "bob-x.y"
 
-    squatted = m.virtual_machine_snapshot(bobx.ident, "before-restore-1")
-    squatted["metadata"]["name"] = m.snapshot_object_name(bob.ident, "before-restore-1")
-    await env.admin.create(SNAPSHOT, squatted)
-    started = time.monotonic()
-    with user_error("name-taken", "bob.before-restore-1 already exists and is not this workstation's"):
-        await bob.take_snapshot("before-restore-1", again=True, timeout=60)
-    assert time.monotonic() - started < 10
-    for ws in (bob, bobx):
-        await ws.retire()
+        squatted = m.virtual_machine_snapshot(bobx.ident, "before-restore-1")
+        squatted["metadata"]["name"] = m.snapshot_object_name(bob.ident, "before-restore-1")
+        await env.admin.create(SNAPSHOT, squatted)
+        started = time.monotonic()
+        with user_error("name-taken", "bob.before-restore-1 already exists and is not this workstation's"):
+            await bob.take_snapshot("before-restore-1", again=True, timeout=60)
+        assert time.monotonic() - started < 10
+        for ws in (bob, bobx):
+            await ws.retire()
 
 
 async def test_a_name_with_a_newline_cannot_forge_a_log_line(env, wsim, caplog):
@@ -1779,7 +1818,9 @@ async def test_a_new_namespace_gets_the_admins_labels_and_annotations(env):
     makes the namespace; the project's own labels win."""
     ws = workstation(env, "nadia", namespace_labels={"example.com/team": "team-{user}"},
                      namespace_annotations={"example.com/owner": "{user}@example.com"})
-    await ws.start({}, [])
+    with site_policy(env.sim, NAMESPACE_EXTRA_LABEL_PREFIXES="example.com/",
+                     NAMESPACE_EXTRA_ANNOTATION_PREFIXES="example.com/"):  # (listed, as deploy/README says)
+        await ws.start({}, [])
     made = await env.admin.get(k.NAMESPACE, None, "notebook-nadia")
     assert made["metadata"]["labels"]["example.com/team"] == "team-nadia"
     assert made["metadata"]["labels"]["app.kubernetes.io/managed-by"] == m.MANAGED_BY

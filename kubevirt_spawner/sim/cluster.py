@@ -23,8 +23,10 @@ from .faults import Faults
 from .instances import NODE, VM, VMI
 from .launcher import POD
 from .machines import GoldenImage
+from .mutation import default_fields
 from .network import SERVICE, Network
 from .operators import Operators
+from .policies import Policies
 from .rbac import ensure_bootstrap_policy
 from .resources import BY_KIND
 from .restores import RESTORE, Restores
@@ -141,6 +143,7 @@ class Cluster:
         self.requests = RequestCounter()
         self.events = EventRecorder(self.store)
         self.faults = Faults(self)
+        self.policies = Policies(self.store)
         self.auth = Authenticator(self.store, self.state_dir)
         # What RBAC allowed, by (user, verb, API group, resource[/subresource]): a summary of the
         # API server's audit log, which shows which permissions a client really uses.
@@ -322,20 +325,15 @@ class Cluster:
 
     # ---------- API server hooks
     def defaults(self, rt, obj: dict):
-        """Fields the API server or a mutating webhook fills in on create."""
+        """What the API server's registries fill in on create (PrepareForCreate, allocations) and
+        its DefaultStorageClass admission plugin; the scheme's defaults of every write are
+        mutation.default_fields."""
+        default_fields(rt.kind, obj)
         if rt is NAMESPACE:
-            obj.setdefault("spec", {"finalizers": ["kubernetes"]})
+            obj.setdefault("spec", {"finalizers": ["kubernetes"]})  # pkg/registry/core/namespace/strategy.go
             obj["status"] = {"phase": "Active"}
-            # the API server labels every namespace with its name (pkg/registry/core/namespace/strategy.go)
-            labels = obj["metadata"].setdefault("labels", {})
-            labels["kubernetes.io/metadata.name"] = obj["metadata"]["name"]
         elif rt is SERVICE:
             spec = obj.setdefault("spec", {})
-            spec.setdefault("type", "ClusterIP")
-            spec.setdefault("sessionAffinity", "None")
-            for p in spec.get("ports") or []:
-                p.setdefault("protocol", "TCP")
-                p.setdefault("targetPort", p.get("port"))
             if not spec.get("clusterIP"):
                 spec["clusterIP"] = self._next_ip("svc")
             if spec["clusterIP"] != "None":
@@ -346,7 +344,6 @@ class Cluster:
                 sc = default_storage_class(self.store)
                 if sc is not None:
                     spec["storageClassName"] = sc["metadata"]["name"]
-            spec.setdefault("volumeMode", "Filesystem")
             obj["metadata"].setdefault("finalizers", [])
             if PVC_PROTECTION not in obj["metadata"]["finalizers"]:
                 obj["metadata"]["finalizers"].append(PVC_PROTECTION)

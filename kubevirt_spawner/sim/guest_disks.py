@@ -9,6 +9,7 @@ import base64
 import binascii
 import os
 import shutil
+import uuid
 
 from ..objects import (
     EXTRA_DISK_PREFIX,
@@ -21,7 +22,7 @@ from ..objects import (
 from ..quantity import parse_quantity
 from .guests import guest_environment
 from .instances import PVC, claim_names
-from .isos import config_disk, firmware_uuid, nocloud_disk
+from .isos import config_disk, nocloud_disk
 from .machines import volume_image
 from .qemu import Disk
 from .resources import BY_KIND
@@ -181,7 +182,9 @@ class GuestDisks:
                     image.truncate(int(parse_quantity(volume["emptyDisk"].get("capacity") or "1Mi")))
             elif "cloudInitNoCloud" in volume:
                 user_data, network_data = self._cloud_init(ns, volume["cloudInitNoCloud"])
-                path = nocloud_disk(os.path.join(workdir, "cloudinit.iso"), firmware_uuid(name), name,
+                # the instance-id is the VMI's firmware UUID (cloud-init.go cloudInitUUIDFromVMI)
+                instance_id = field_value(vmi, "spec.domain.firmware.uuid") or str(uuid.uuid4())
+                path = nocloud_disk(os.path.join(workdir, "cloudinit.iso"), instance_id, name,
                                     user_data, network_data)
             else:
                 continue  # (kinds this product does not attach)

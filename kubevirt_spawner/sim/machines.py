@@ -360,4 +360,5 @@ def new_machine(name: str, spec: dict, disks: list[Disk], ip: str, workdir: str,
     return Machine(name=name, cpus=vcpus(domain), memory_mib=memory_mib(domain), disks=tuple(disks),
                    forwards=tuple((ip, port, port) for port in forwarded_ports(spec)),
                    agent_socket=os.path.join(workdir, "agent.sock"), monitor_socket=os.path.join(workdir, "qmp.sock"),
-                   console_log=console_log, accel=accel, firmware=firmware, shares=shares)
+                   console_log=console_log, accel=accel, firmware=firmware, shares=shares,
+                   uuid=(domain.get("firmware") or {}).get("uuid"), serial=(domain.get("firmware") or {}).get("serial"))

@@ -101,6 +101,11 @@ class Machine:
     # (virt-launcher's DHCPv4 and DHCPv6 servers, a dual-stack or IPv6-only pod); no forwards.
     tap: str | None = None
     shares: tuple[Share, ...] = ()
+    # The VMI's firmware identity (spec.domain.firmware uuid and serial): libvirt's domain <uuid>
+    # and SMBIOS system entries (pkg/virt-launcher/virtwrap/converter: UUID, SysInfo), which the
+    # guest reads as its product_uuid and product_serial
+    uuid: str | None = None
+    serial: str | None = None
 
 
 def command(m: Machine, exe: str = "qemu-system-x86_64") -> list[str]:
@@ -115,6 +120,10 @@ def command(m: Machine, exe: str = "qemu-system-x86_64") -> list[str]:
             "-smp", f"{m.cpus},sockets={m.cpus},cores=1,threads=1", "-m", str(m.memory_mib),
             "-nodefaults", "-display", "none", "-no-user-config", "-boot", "strict=on",
             "-serial", f"file:{m.console_log}", "-qmp", f"unix:{m.monitor_socket},server=on,wait=off"]
+    if m.uuid:
+        args += ["-uuid", m.uuid]
+    smbios = {"manufacturer": "KubeVirt", "product": "None", "family": "KubeVirt", "serial": m.serial, "uuid": m.uuid}
+    args += ["-smbios", "type=1," + ",".join(f"{k}={v}" for k, v in smbios.items() if v)]
     if m.shares:  # vhost-user: virtiofsd reads and writes the guest's memory, which must be shared
         args += ["-object", f"memory-backend-memfd,id=mem,size={m.memory_mib}M,share=on", "-numa", "node,memdev=mem"]
     if m.firmware.efi:

@@ -20,7 +20,9 @@ from .admission import admit
 from .auth import ANONYMOUS
 from .errors import ApiError
 from .eviction import evict
+from .mutation import mutate
 from .patch import apply_patch
+from .policies import request_of
 from .resources import BY_KIND, CRD_GROUPS, SUBRESOURCES_GROUP, VM_ACTIONS, VMI_AGENT_CALLS, lookup
 from .selectors import parse_field_selector, parse_label_selector
 from .watch import WatchStream
@@ -281,8 +283,12 @@ class ApiHandler(tornado.web.RequestHandler):
             raise errors.forbidden(rt, "", f"unable to create new content in namespace {namespace} because "
                                            "it is being terminated")
 
-    def _validate(self, rt, obj: dict, old: dict | None):
-        """Schema check, pruning of unknown fields, admission; returns the object to store."""
+    def _validate(self, rt, obj: dict, old: dict | None, version: str):
+        """What kube-apiserver does to a write before storing it, in its order: decoding (unknown
+        fields pruned, or refused when strict), defaulting (a create's: Cluster.defaults), the
+        mutating webhooks (mutation.py; CDI's clone token in admission.py), validation (the
+        schema), the validating webhooks (admission.py), then the ValidatingAdmissionPolicies on
+        the mutated object (policies.py). Returns the object to store."""
         name = (obj.get("metadata") or {}).get("name") or (obj.get("metadata") or {}).get("generateName", "")
         schema = self.cluster.schemas.for_kind(rt.kind) if rt.schema else None
         if schema is not None:
@@ -295,6 +301,10 @@ class ApiHandler(tornado.web.RequestHandler):
                                                                                   for f in unknown))
                 self.set_header("Warning", ", ".join(f'299 - "unknown field \\"{f}\\""' for f in unknown))
                 obj = _prune(obj, unknown)
+        if old is None:
+            self.cluster.defaults(rt, obj)
+        mutate(rt.kind, obj, old)
+        if schema is not None:
             causes = schema.errors(obj)
             if causes:
                 raise errors.invalid(rt, name, causes)
@@ -304,7 +314,16 @@ class ApiHandler(tornado.web.RequestHandler):
             if rbac.allowed(self.store, self.user, asked):
                 self.cluster.authorized[(self.user.name, asked.verb, asked.group, asked.combined_resource)] += 1
         admit(self.store, rt, obj, old, self.user)
+        self._check_policies(rt, version, "UPDATE" if old is not None else "CREATE", name, obj, old)
         return obj
+
+    def _check_policies(self, rt, version: str, operation: str, name: str, obj: dict | None, old: dict | None):
+        subject = obj if obj is not None else old
+        namespace = (subject or {}).get("metadata", {}).get("namespace", "")
+        ns_obj = self.store.get(BY_KIND["Namespace"], "", namespace) if rt.namespaced and namespace else None
+        request = request_of(rt, version, operation, name, namespace, None, self.user, self._dry_run())
+        self.cluster.policies.check(rt, request, obj and rt.versioned(obj, version),
+                                    old and rt.versioned(old, version), ns_obj)
 
     def _dry_run(self) -> bool:
         return self.get_argument("dryRun", "") == "All"
@@ -323,8 +342,7 @@ class ApiHandler(tornado.web.RequestHandler):
         if body_kind and body_kind != rt.kind:
             raise errors.bad_request(f"the kind {body_kind} does not match the endpoint's kind {rt.kind}")
         self._check_namespace(rt, namespace)
-        body = self._validate(rt, body, None)
-        self.cluster.defaults(rt, body)
+        body = self._validate(rt, body, None, version)
         if self._dry_run():
             # a dry run goes as far as storage, which refuses a name that exists (registry/store.go)
             if meta.get("name") and self.store.get(rt, namespace, meta["name"]) is not None:
@@ -352,7 +370,7 @@ class ApiHandler(tornado.web.RequestHandler):
 
     def _write(self, rt, new: dict, old: dict, sub: str | None, version: str, check_rv: bool = True):
         if sub != "status":
-            new = self._validate(rt, new, old)
+            new = self._validate(rt, new, old, version)
         if self._dry_run():
             return self._send_object(rt, new, version)
         obj = self.store.update(rt, new, subresource=sub, check_rv=check_rv)
@@ -385,6 +403,7 @@ class ApiHandler(tornado.web.RequestHandler):
         pre = body.get("preconditions") or {}
         grace = body.get("gracePeriodSeconds", self.get_argument("gracePeriodSeconds", None))
         obj = self.store.must_get(rt, namespace, name)
+        self._check_policies(rt, version, "DELETE", name, None, obj)
         if self._dry_run():
             return self._send_object(rt, obj, version)
         self.cluster.before_delete(rt, obj, None if grace is None else int(grace))
@@ -404,6 +423,7 @@ class ApiHandler(tornado.web.RequestHandler):
         deleted = []
         for o in list(self.store.list(rt, namespace or None)):
             if label_match(o["metadata"].get("labels") or {}) and field_match(o):
+                self._check_policies(rt, version, "DELETE", o["metadata"]["name"], None, o)
                 self.cluster.before_delete(rt, o, None)
                 deleted.append(self.store.delete(rt, o["metadata"].get("namespace", ""), o["metadata"]["name"]))
         self._send({"kind": rt.kind + "List", "apiVersion": rt.api_version(version),

@@ -11,11 +11,15 @@ from . import errors
 from .admission import check_quota, gpu_requests
 from .conditions import condition, drop_condition, get_condition, set_condition
 from .instances import FINAL, VM, VMI, VMI_FINALIZER, claim_names, run_strategy
+from .isos import firmware_uuid
+from .mutation import PCI_SLOT_COUNT, PCI_TOPOLOGY_VERSION, mutate_vmi
 from .resources import BY_KIND
 from .timeutil import now_iso
 
 DV = BY_KIND["DataVolume"]
 VM_FINALIZER = "kubevirt.io/virtualMachineControllerFinalize"
+LATEST_API_VERSION = "kubevirt.io/latest-observed-api-version"  # pkg/controller/controller.go
+STORAGE_API_VERSION = "kubevirt.io/storage-observed-api-version"
 
 
 class VmController:
@@ -43,6 +47,7 @@ class VmController:
             new = copy.deepcopy(vm)
             new["metadata"].setdefault("finalizers", []).append(VM_FINALIZER)
             vm = self.store.update(VM, new, check_rv=False)
+        vm = self._write_back(vm, vmi)
         self._ensure_datavolume_templates(vm)
         strategy = run_strategy(vm)
         requests = list(field_value(vm, "status.stateChangeRequests") or [])
@@ -85,6 +90,36 @@ class VmController:
                 new["spec"]["runStrategy"] = "Halted"
                 vm = self.store.update(VM, new, check_rv=False)
         self._write_vm_status(vm, status, vmi)
+
+    def _write_back(self, vm: dict, vmi: dict | None) -> dict:
+        """What virt-controller writes into a VM's metadata and spec by itself, every sync:
+        the API version it observed (vm.go execute, controller.SetLatestApiVersionAnnotation),
+        a firmware UUID derived from the name where the template has none (firmware.go Sync,
+        CalculateLegacyUUID: a template replaced without it gets that one, not the one the
+        mutator gave at create; no serial), and the VMI's PCI topology annotations where the
+        template has no version (vm.go syncPCITopologyAnnotationsToVM)."""
+        new = copy.deepcopy(vm)
+        annotations = new["metadata"].setdefault("annotations", {})
+        annotations[LATEST_API_VERSION] = annotations[STORAGE_API_VERSION] = "v1"
+        template = new["spec"].setdefault("template", {})
+        firmware = template.setdefault("spec", {}).setdefault("domain", {}).setdefault("firmware", {})
+        if not firmware.get("uuid"):
+            firmware["uuid"] = firmware_uuid(vm["metadata"]["name"])
+        vmi_annotations = (vmi or {}).get("metadata", {}).get("annotations") or {}
+        version = vmi_annotations.get(PCI_TOPOLOGY_VERSION)
+        tannotations = template.setdefault("metadata", {}).setdefault("annotations", {})
+        if version and not tannotations.get(PCI_TOPOLOGY_VERSION):
+            tannotations[PCI_TOPOLOGY_VERSION] = version
+            slots = vmi_annotations.get(PCI_SLOT_COUNT)
+            if slots:
+                tannotations[PCI_SLOT_COUNT] = slots
+        if not tannotations:
+            template["metadata"].pop("annotations")
+        if not template["metadata"]:
+            template.pop("metadata")
+        if new == vm:
+            return vm
+        return self.store.update(VM, new, check_rv=False)
 
     def _wants_vmi(self, strategy: str, vm: dict, vmi: dict | None) -> bool | None:
         """True: must run; False: must not; None: leave as it is (Manual)."""
@@ -141,6 +176,9 @@ class VmController:
                                  "virtualmachine-controller")
             self.c.vm_queue.add((ns, name), self.c.t("schedule_retry"))
             return None
+        firmware = spec.setdefault("domain", {}).setdefault("firmware", {})
+        if not firmware.get("uuid"):  # vm.go setupStableFirmwareUUID
+            firmware["uuid"] = firmware_uuid(name)
         labels = dict(tmeta.get("labels") or {})
         labels["kubevirt.io/created-by"] = vm["metadata"]["uid"]
         obj = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
@@ -149,6 +187,7 @@ class VmController:
                             "ownerReferences": [self.c.owner_ref(vm)], "finalizers": [VMI_FINALIZER]},
                "spec": spec, "status": {"phase": "Pending", "phaseTransitionTimestamps": [
                    {"phase": "Pending", "phaseTransitionTimestamp": now_iso()}]}}
+        mutate_vmi(obj)  # (virt-controller creates it through the API server and its webhooks)
         vmi = self.store.create(VMI, obj)
         self.c.events.record(vm, "Normal", "SuccessfulCreate", f"Started the virtual machine by creating the new "
                              f"virtual machine instance {name}", "virtualmachine-controller")

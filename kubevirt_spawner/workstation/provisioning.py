@@ -297,7 +297,10 @@ class Provisioning(Disks):
             return []
         if self.status() not in ("stopped", "failed"):
             return []
-        ops = [{"op": "replace", "path": "/spec/template", "value": desired["spec"]["template"]}]
+        # (keeping what KubeVirt set that the guest depends on: its firmware UUID is cloud-init's
+        # instance-id, and a new one would give the machine new SSH host keys)
+        template = m.keep_machine_identity(vm["spec"].get("template") or {}, desired["spec"]["template"])
+        ops = [{"op": "replace", "path": "/spec/template", "value": template}]
         # (what extra_vm_spec sets beside the template; the run strategy is the hub's start and stop)
         ops += [{"op": "add", "path": f"/spec/{k.json_pointer_token(key)}", "value": value}
                 for key, value in desired["spec"].items() if key not in ("template", "runStrategy")]
