@@ -197,3 +197,36 @@ def test_the_runtimes_block_device_ownership_is_read_where_it_is_set(tmp_path):
     assert rows(check(two).stdout)["block-device-owner"] == ["PASS"]
     unknown = check(fake_host(tmp_path / "unknown", containerd=None))
     assert unknown.returncode == 0 and rows(unknown.stdout)["block-device-owner"] == ["WARN"], unknown.stdout
+
+
+def test_a_node_cdis_importer_may_use_needs_the_runtimes_block_ownership_and_nothing_of_kvm(tmp_path):
+    """Issue 47, item 5. CDI's importer runs as a non-root user (CDI v1.66
+    pkg/controller/common/util.go SetRestrictedSecurityContext: the qemu uid 107) and opens the Block volume only when the runtime hands
+    devices to the pod's user; it runs where the CDI CR's workload placement puts it, off the
+    tainted VM pools, on nodes without KVM or GPUs."""
+    plain = fake_host(tmp_path / "worker", modules=(), flags="fpu vme de pse", devices=())
+    ready = check(plain, "--pool", "cdi")
+    assert ready.returncode == 0 and "node ready for pool cdi" in ready.stdout, ready.stdout + ready.stderr
+    assert rows(ready.stdout) == {"block-device-owner": ["PASS"]}
+    root_only = check(fake_host(tmp_path / "root-only", modules=(), flags="fpu", devices=(),
+                                containerd="version = 2\n"), "--pool", "cdi")
+    assert root_only.returncode == 1 and rows(root_only.stdout) == {"block-device-owner": ["FAIL"]}
+    assert "set device_ownership_from_security_context = true" in root_only.stdout
+
+
+def test_the_cdi_check_lands_where_cdis_workload_pods_do(tmp_path):
+    """The check-node-cdi DaemonSet has the CDI CR's workload placement (deploy/cluster/cdi-cr.yaml
+    spec.workload; CDI v1.66 api NodePlacement: nodeSelector, affinity, tolerations), so it runs on
+    every node an importer may (a DaemonSet tolerates no custom taint either)."""
+    import yaml
+    rendered = tmp_path / "rendered"
+    subprocess.run(["bash", str(SCRIPT.parents[1] / "render.sh"), "--out", str(rendered)], check=True,
+                   capture_output=True)
+    cdi = yaml.safe_load((rendered / "cluster" / "cdi-cr.yaml").read_text())
+    sets = {d["metadata"]["name"]: d for d in yaml.safe_load_all((rendered / "host" / "check-node-daemonset.yaml")
+                                                                  .read_text()) if d["kind"] == "DaemonSet"}
+    pod = sets["check-node-cdi"]["spec"]["template"]["spec"]
+    workload = cdi["spec"]["workload"]
+    assert pod.get("nodeSelector") == workload.get("nodeSelector")
+    assert pod.get("tolerations") == workload.get("tolerations") and pod.get("affinity") == workload.get("affinity")
+    assert "--pool cdi" in pod["containers"][0]["command"][-1]

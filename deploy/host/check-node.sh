@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks that a Kubernetes node can host KubeVirt workstations, as the design document's host
 # preparation asks: hardware virtualisation, /dev/kvm, vhost-net, TUN, the kernel modules, and for
-# a GPU passthrough node the IOMMU, its groups and the GPUs' binding to vfio-pci. Prints one row
+# a GPU passthrough node the IOMMU, its groups and the GPUs' binding to vfio-pci; and that a node
+# where CDI's importer, cloner and upload pods may run (pool cdi) hands them Block volumes. Prints one row
 # per check (PASS, WARN, FAIL or SKIP) with the fix for each failure; exits 1 when a check failed.
 #
 # On a node:        sudo deploy/host/check-node.sh --pool vm-gpu-pci
@@ -18,6 +19,9 @@ Check that this node can host KubeVirt workstations.
                         vm-cpu         CPU workstations (default)
                         vm-gpu-pci     GPU passthrough workstations: GPUs bound to vfio-pci
                         container-gpu  GPUs for containers: no GPU may be bound to vfio-pci
+                        cdi            any node where CDI's importer, cloner and upload pods may
+                                       run (the CDI CR's workload placement): the container
+                                       runtime only
   --root DIR          where the host's /proc, /sys, /dev and /etc are (default /; /host in the DaemonSet)
   --gpu-vendors IDS   PCI vendor IDs of the GPUs, comma-separated (default 10de,1002: NVIDIA, AMD)
   -h, --help          this help
@@ -39,8 +43,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 case "$POOL" in
-  vm-cpu|vm-gpu-pci|container-gpu) ;;
-  *) echo "check-node.sh: unknown pool $POOL: use vm-cpu, vm-gpu-pci or container-gpu" >&2; exit 2 ;;
+  vm-cpu|vm-gpu-pci|container-gpu|cdi) ;;
+  *) echo "check-node.sh: unknown pool $POOL: use vm-cpu, vm-gpu-pci, container-gpu or cdi" >&2; exit 2 ;;
 esac
 ROOT="${ROOT%/}"
 if [ ! -r "$ROOT/proc/cpuinfo" ] || [ ! -d "$ROOT/sys" ]; then
@@ -70,67 +74,71 @@ cpu_flag_count() {
 printf '%-5s %-22s %s\n' RESULT CHECK DETAIL
 
 # --- every VM node -------------------------------------------------------------------------------
-virt_cpus=$(cpu_flag_count 'vmx|svm')
-on_hypervisor=$(cpu_flag_count hypervisor)
-if [ "$virt_cpus" -gt 0 ]; then
-  row PASS cpu-virtualisation "$virt_cpus CPUs have vmx/svm"
-elif [ "$on_hypervisor" -gt 0 ]; then
-  row FAIL cpu-virtualisation "this node is itself a virtual machine and its CPUs have no vmx/svm" \
-    "enable nested virtualisation on the hypervisor that runs this node"
-else
-  row FAIL cpu-virtualisation "no CPU has vmx (Intel VT-x) or svm (AMD-V)" \
-    "enable VT-x / AMD-V in the BIOS or UEFI setup"
-fi
-
-if grep -q '^vendor_id.*AuthenticAMD' "$ROOT/proc/cpuinfo"; then kvm_vendor=kvm_amd; else kvm_vendor=kvm_intel; fi
-if module_present kvm && module_present "$kvm_vendor"; then
-  row PASS kvm-modules "kvm and $kvm_vendor are loaded"
-else
-  row FAIL kvm-modules "kvm or $kvm_vendor is not loaded" \
-    "modprobe $kvm_vendor, and list it in /etc/modules-load.d/kvm.conf so it loads at boot"
-fi
-
-for dev in kvm vhost-net net/tun; do
-  case "$dev" in
-    kvm) fix="load $kvm_vendor (above); without /dev/kvm KubeVirt can only emulate, too slow for workstations" ;;
-    vhost-net) fix="modprobe vhost_net, and list it in /etc/modules-load.d/vhost-net.conf" ;;
-    net/tun) fix="modprobe tun, and list it in /etc/modules-load.d/tun.conf" ;;
-  esac
-  if [ -e "$ROOT/dev/$dev" ]; then
-    row PASS "dev-${dev//\//-}" "/dev/$dev exists"
+if [ "$POOL" != cdi ]; then  # (CDI's pods run no VM)
+  virt_cpus=$(cpu_flag_count 'vmx|svm')
+  on_hypervisor=$(cpu_flag_count hypervisor)
+  if [ "$virt_cpus" -gt 0 ]; then
+    row PASS cpu-virtualisation "$virt_cpus CPUs have vmx/svm"
+  elif [ "$on_hypervisor" -gt 0 ]; then
+    row FAIL cpu-virtualisation "this node is itself a virtual machine and its CPUs have no vmx/svm" \
+      "enable nested virtualisation on the hypervisor that runs this node"
   else
-    row FAIL "dev-${dev//\//-}" "/dev/$dev is missing" "$fix"
+    row FAIL cpu-virtualisation "no CPU has vmx (Intel VT-x) or svm (AMD-V)" \
+      "enable VT-x / AMD-V in the BIOS or UEFI setup"
   fi
-done
 
-nested_param="$ROOT/sys/module/$kvm_vendor/parameters/nested"
-if [ -r "$nested_param" ]; then
-  case "$(cat "$nested_param")" in
-    Y|1) row PASS nested-virtualisation "$kvm_vendor nested=$(cat "$nested_param") (guests may run VMs)" ;;
-    *) row PASS nested-virtualisation "$kvm_vendor nested=$(cat "$nested_param"): guests cannot run VMs themselves (not needed)" ;;
-  esac
-else
-  row SKIP nested-virtualisation "$kvm_vendor is not loaded"
-fi
-
-if [ "$ROOT" != "" ]; then
-  row SKIP virt-host-validate "not run against another root ($ROOT): run it on the node"
-elif command -v virt-host-validate >/dev/null 2>&1; then
-  if validate_out=$(virt-host-validate qemu 2>&1); then
-    row PASS virt-host-validate "virt-host-validate qemu found nothing wrong"
-  elif grep -q ': FAIL' <<<"$validate_out"; then
-    row FAIL virt-host-validate "$(grep ': FAIL' <<<"$validate_out" | head -3 | tr -s ' ' | paste -sd ';' -)" \
-      "follow the hints virt-host-validate qemu prints"
+  if grep -q '^vendor_id.*AuthenticAMD' "$ROOT/proc/cpuinfo"; then kvm_vendor=kvm_amd; else kvm_vendor=kvm_intel; fi
+  if module_present kvm && module_present "$kvm_vendor"; then
+    row PASS kvm-modules "kvm and $kvm_vendor are loaded"
   else
-    row WARN virt-host-validate "$(grep ': WARN' <<<"$validate_out" | head -3 | tr -s ' ' | paste -sd ';' -)"
+    row FAIL kvm-modules "kvm or $kvm_vendor is not loaded" \
+      "modprobe $kvm_vendor, and list it in /etc/modules-load.d/kvm.conf so it loads at boot"
   fi
-else
-  row SKIP virt-host-validate "not installed (libvirt-clients); the checks above cover its KVM ones"
+
+  for dev in kvm vhost-net net/tun; do
+    case "$dev" in
+      kvm) fix="load $kvm_vendor (above); without /dev/kvm KubeVirt can only emulate, too slow for workstations" ;;
+      vhost-net) fix="modprobe vhost_net, and list it in /etc/modules-load.d/vhost-net.conf" ;;
+      net/tun) fix="modprobe tun, and list it in /etc/modules-load.d/tun.conf" ;;
+    esac
+    if [ -e "$ROOT/dev/$dev" ]; then
+      row PASS "dev-${dev//\//-}" "/dev/$dev exists"
+    else
+      row FAIL "dev-${dev//\//-}" "/dev/$dev is missing" "$fix"
+    fi
+  done
+
+  nested_param="$ROOT/sys/module/$kvm_vendor/parameters/nested"
+  if [ -r "$nested_param" ]; then
+    case "$(cat "$nested_param")" in
+      Y|1) row PASS nested-virtualisation "$kvm_vendor nested=$(cat "$nested_param") (guests may run VMs)" ;;
+      *) row PASS nested-virtualisation "$kvm_vendor nested=$(cat "$nested_param"): guests cannot run VMs themselves (not needed)" ;;
+    esac
+  else
+    row SKIP nested-virtualisation "$kvm_vendor is not loaded"
+  fi
+
+  if [ "$ROOT" != "" ]; then
+    row SKIP virt-host-validate "not run against another root ($ROOT): run it on the node"
+  elif command -v virt-host-validate >/dev/null 2>&1; then
+    if validate_out=$(virt-host-validate qemu 2>&1); then
+      row PASS virt-host-validate "virt-host-validate qemu found nothing wrong"
+    elif grep -q ': FAIL' <<<"$validate_out"; then
+      row FAIL virt-host-validate "$(grep ': FAIL' <<<"$validate_out" | head -3 | tr -s ' ' | paste -sd ';' -)" \
+        "follow the hints virt-host-validate qemu prints"
+    else
+      row WARN virt-host-validate "$(grep ': WARN' <<<"$validate_out" | head -3 | tr -s ' ' | paste -sd ';' -)"
+    fi
+  else
+    row SKIP virt-host-validate "not installed (libvirt-clients); the checks above cover its KVM ones"
+  fi
 fi
 
 # --- the container runtime ------------------------------------------------------------------------
 # CDI's importer and the workstations' launchers are not root: they open Block volumes only when the
-# runtime hands devices to the pod's runAsUser (CDI's doc/block_cri_ownership_config.md).
+# runtime hands devices to the pod's runAsUser (CDI's doc/block_cri_ownership_config.md). The
+# importer runs where the CDI CR's workload placement lets it, not on the (tainted) VM pools:
+# every such node needs it too (pool cdi).
 if [ "$POOL" != container-gpu ]; then
   runtime_configs=()
   for conf in "$ROOT"/etc/containerd/config.toml "$ROOT"/etc/containerd/conf.d/*.toml \
@@ -251,7 +259,7 @@ elif [ "$POOL" = container-gpu ]; then
     fi
   done
   [ ${#gpus[@]} -gt 0 ] || row WARN gpus "no GPU of vendor $GPU_VENDORS on the PCI bus"
-else
+elif [ "$POOL" = vm-cpu ]; then
   vfio_gpus=()
   for gpu in "${gpus[@]}"; do [ "$(driver_of "$gpu")" = vfio-pci ] && vfio_gpus+=("$(basename "$gpu")"); done
   if [ ${#vfio_gpus[@]} -gt 0 ]; then
