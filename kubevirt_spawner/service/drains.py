@@ -10,6 +10,16 @@ External (pkg/virt-controller/watch/drain/evacuation/evacuation.go). This module
 controller: once the machine is stopped its launcher pod goes, and the drain completes.
 `kubevirt-spawner admin drain NODE` starts the same on demand (`drain_node`).
 
+What is a drain. KubeVirt marks a VMI for any eviction of its launcher pod, whoever asked: the
+descheduler (which only rebalances; KubeVirt then also annotates the VMI kubevirt.io/eviction-source:
+descheduler), an eviction by hand, or a drain. Only a node being emptied makes it a drain: one
+cordoned (spec.unschedulable, what `kubectl cordon` and `kubectl drain` set first:
+staging/src/k8s.io/kubectl/pkg/drain/cordon.go) or tainted for deletion by the cluster autoscaler.
+A marked VMI on a schedulable node keeps running, unwarned. Conversely a cordon alone starts the
+warning at once: `kubectl drain --disable-eviction` deletes the launcher pods right after the
+cordon, without the Eviction API and so without any mark; a machine gone from a cordoned node
+without a warning is recorded as such. Uncordoned before the grace ends, the warning is withdrawn.
+
 The record of a drain is a JSON annotation on the VM (manifests.ANNOTATION_DRAIN): its deadline
 outlives a restart of the service, and once the machine stopped it says why.
 """
@@ -41,6 +51,8 @@ if TYPE_CHECKING:
     from .metrics import ServiceMetrics
     from .settings import WorkstationsSettings
 
+# KubeVirt's mark of a descheduler's eviction on the VMI (staging/src/kubevirt.io/api/core/v1/types.go)
+EVICTION_SOURCE = "kubevirt.io/eviction-source"
 # An admin may say why on the node (kubectl annotate node NODE kubevirt-spawner.io/drain-reason=...)
 ANNOTATION_NODE_REASON = m.LABEL_PREFIX + "drain-reason"
 REASON_MAX = 200
@@ -77,6 +89,18 @@ def active(record: dict | None, vmi: dict | None) -> bool:
     return bool(record and not record.get("stopped_at") and running_on(vmi) == record["node"])
 
 
+AUTOSCALER_DELETION_TAINT = "ToBeDeletedByClusterAutoscaler"  # cluster-autoscaler utils/taints
+
+
+def node_draining(node: dict | None) -> bool:
+    """Whether the node is being emptied: cordoned, or marked for deletion by the cluster
+    autoscaler. A node the caches do not know is not taken for one."""
+    if node is None:
+        return False
+    return bool(field_value(node, "spec.unschedulable")) or any(
+        t.get("key") == AUTOSCALER_DELETION_TAINT for t in field_value(node, "spec.taints") or [])
+
+
 def check_node_name(node) -> str:
     if not isinstance(node, str) or not _NODE_NAME.match(node):
         raise ServiceError(400, "Name a node by its Kubernetes name (lowercase letters, digits, '-' and '.').")
@@ -91,9 +115,25 @@ def check_reason(reason) -> str:
     return reason.strip()
 
 
+def wants_to_run(vm: dict | None) -> bool:
+    """Whether the VM is meant to run (a hub's stop makes it Halted): a machine that went down
+    meanwhile, KubeVirt starts again."""
+    spec = (vm or {}).get("spec") or {}
+    return spec.get("runStrategy") == "Always" or (spec.get("runStrategy") is None and spec.get("running") is True)
+
+
 def stop_text(record: dict) -> str:
-    """Why the machine stopped, for its status while it is stopped."""
+    """Why the machine stopped, for its status while it is stopped (or running again)."""
     why = f" ({record['reason']})" if record.get("reason") else ""
+    if record.get("went_down"):
+        warned = "without a warning" if record.get("stopped") == "without-warning" else "during the warning"
+        return (f"Went down {warned}: its node {record['node']} was drained{why} and its machine's pod deleted "
+                "(a drain that does not use the Eviction API), and KubeVirt started it again on another node. "
+                "Its disks are kept; what was only in memory is lost.")
+    if record.get("stopped") == "without-warning":
+        return (f"Stopped without a warning: its node {record['node']} was drained{why} and its machine's pod "
+                "deleted at once (a drain that does not use the Eviction API). Its disks are kept; the next start "
+                "goes to another node.")
     how = ("after the warning's grace period" if record.get("stopped") == "after-grace"
            else "during the warning's grace period")
     return (f"Stopped {how}: its node {record['node']} was being drained{why}. Its disks are kept; the next "
@@ -117,6 +157,10 @@ class Drains:
         # copy must not start a drain again (a later deadline) or finish one twice.
         self._written: dict[tuple[str, str], dict] = {}
         self._hub_trouble: set[tuple[str, str]] = set()  # (told once per outage, not every round)
+        # Where each workstation's machine ran at the last round, (node, VMI uid): one gone since
+        # from a cordoned node, without a warning, was drained without the Eviction API.
+        self._seen: dict[tuple[str, str], tuple[str, str]] = {}
+        self._not_drains: set[str] = set()  # VMI uids marked on schedulable nodes (told once)
 
     # ------------------------------------------------------------- views
     def view(self, vm: dict | None, vmi: dict | None) -> dict | None:
@@ -129,9 +173,14 @@ class Drains:
 
     @staticmethod
     def last_stop(vm: dict | None, vmi: dict | None) -> dict | None:
-        """Why a stopped machine stopped, when a drain stopped it."""
+        """Why a stopped machine stopped, when a drain stopped it; also while it runs again when
+        it came back right after (KubeVirt restarts a VM whose pod a drain deleted: its run
+        strategy is Always), so that its user learns why it rebooted."""
         record = drain_record(vm)
-        if record is None or not record.get("stopped_at") or running_on(vmi):
+        if record is None or not record.get("stopped_at"):
+            return None
+        if running_on(vmi) and not (record.get("restarted_vmi") and field_value(vmi, "metadata.uid") ==
+                                    record["restarted_vmi"]):
             return None
         return {"why": "drain", "node": record["node"], "reason": record.get("reason") or "",
                 "at": record["stopped_at"], "text": stop_text(record)}
@@ -164,6 +213,20 @@ class Drains:
                 await self.check()
             except Exception:  # one bad round must not end the drains of all
                 self.log.exception("checking for drains failed")
+            await self._next_round(every)
+
+    def _draining_nodes(self) -> frozenset[str]:
+        return frozenset(n["metadata"]["name"] for n in self.hub_settings.caches.nodes.values() if node_draining(n))
+
+    async def _next_round(self, every: float):
+        """`every` seconds, or less: a node cordoned or uncordoned starts the next round at once
+        (a drain without the Eviction API deletes the launcher pods right after its cordon)."""
+        before = self._draining_nodes()
+        try:
+            await self.hub_settings.caches.wait_for(lambda: self._draining_nodes() != before, every)
+        except asyncio.TimeoutError:
+            pass
+        except Exception:  # (the caches cannot be read: the plain interval)
             await asyncio.sleep(every)
 
     async def check(self, now: datetime | None = None):
@@ -195,21 +258,46 @@ class Drains:
             return (record or {}).get("since") or "", (record or {}).get("stopped_at") or ""
         return written if written is not None and order(written) > order(cached) else cached
 
+    def _draining(self, node: str | None) -> bool:
+        return bool(node) and node_draining(self.hub_settings.caches.nodes.get("", node or ""))
+
     async def _check_one(self, user: str, server: str, vm: dict, vmi: dict | None, now: datetime):
         record = self._record(user, server, vm)
         uid = (vmi or {}).get("metadata", {}).get("uid")
-        if record and record.get("stopped_at") and record.get("vmi") == uid and running_on(vmi) == record["node"]:
+        node = running_on(vmi)
+        seen, self._seen[(user, server)] = self._seen.get((user, server)), (node or "", uid or "")
+        if record and record.get("stopped_at") and record.get("vmi") == uid and node == record["node"]:
             # recorded as stopped, yet the same machine still runs there: the drain goes on
             record = {key: value for key, value in record.items() if key not in ("stopped_at", "stopped")}
+        if seen and seen[0] and (seen[1] != uid or not node) and (record or {}).get("vmi") != seen[1] \
+                and self._draining(seen[0]):
+            # gone from a cordoned node since the last round, unwarned: its pod was deleted
+            await self._gone_unwarned(user, server, seen, now, wants_to_run(vm))
+            return
         marked = evacuation_node(vmi)
-        if marked and vmi is not None and not active(record, vmi) and (record or {}).get("vmi") != uid:
-            record = await self._begin(user, server, vmi, marked, self._node_reason(marked), "eviction", now)
+        if marked and not self._draining(marked) and uid not in self._not_drains:
+            self._not_drains.add(uid or "")  # (a descheduler's eviction, or one by hand)
+            source = ((vmi or {}).get("metadata", {}).get("annotations") or {}).get(EVICTION_SOURCE) or "unknown"
+            self.log.info("drain: %s's launcher pod was evicted on %s (source: %s), which is not being drained: "
+                          "it keeps running", workstation_path(user, server), marked, source)
+        if vmi is not None and node and self._draining(node) and not active(record, vmi) \
+                and (record or {}).get("vmi") != uid:
+            record = await self._begin(user, server, vmi, node, self._node_reason(node),
+                                       "eviction" if marked and uid not in self._not_drains else "cordon", now)
+        if record is not None and record.get("went_down") and not record.get("restarted_vmi") and node \
+                and uid != record.get("vmi"):
+            await self._write(await self.hub_settings.workstation(user, server), {**record, "restarted_vmi": uid})
+            return
         if record is None or record.get("stopped_at"):
+            return
+        if active(record, vmi) and not self._draining(record["node"]) and (user, server) not in self._stopping:
+            await self._withdraw(user, server, record)
             return
         if not active(record, vmi):
             if (user, server) not in self._stopping:  # it went by itself (Stop now, a user's stop, a restore)
                 early = now < (times.parse_time(record.get("deadline")) or now)
-                await self._finish(user, server, record, "before-grace" if early else "after-grace", now)
+                await self._finish(user, server, record, "before-grace" if early else "after-grace", now,
+                                   went_down=wants_to_run(vm))
             return
         if now >= (times.parse_time(record.get("deadline")) or now) and (user, server) not in self._stopping:
             self._stopping[(user, server)] = asyncio.ensure_future(self._stop(user, server, record))
@@ -224,6 +312,23 @@ class Drains:
                          f"node {node}" + (f": {reason}" if reason else ""))
         self.metrics.drains.labels("warned").inc()
         return record
+
+    async def _withdraw(self, user: str, server: str, record: dict):
+        """The node was uncordoned before the grace ended: no drain, the warning goes."""
+        ws = await self.hub_settings.workstation(user, server)
+        self._written.pop((user, server), None)
+        await ws.kube.patch(k.VM, ws.ident.namespace, ws.ident.vm, {"metadata": {"annotations": {
+            m.ANNOTATION_DRAIN: None}}})
+        self.audit.of(SERVICE_CALLER, "drain-withdrawn", ws, "kept running", f"node {record['node']} uncordoned")
+        self.metrics.drains.labels("withdrawn").inc()
+
+    async def _gone_unwarned(self, user: str, server: str, seen: tuple[str, str], now: datetime, went_down: bool):
+        """The machine left a cordoned node between two rounds with no warning (its pod deleted):
+        recorded, so that its status says why it stopped."""
+        node, uid = seen
+        record = {"node": node, "vmi": uid, "reason": self._node_reason(node), "by": "pod-deleted",
+                  "since": times.iso(now), "deadline": times.iso(now)}
+        await self._finish(user, server, record, "without-warning", now, went_down)
 
     async def _stop(self, user: str, server: str, record: dict):
         """The grace is over: stop through the hub (so its view stays true), then record it."""
@@ -253,9 +358,10 @@ class Drains:
         finally:
             self._stopping.pop((user, server), None)
 
-    async def _finish(self, user: str, server: str, record: dict, how: str, now: datetime):
+    async def _finish(self, user: str, server: str, record: dict, how: str, now: datetime, went_down: bool = False):
+        """Record the stop; `went_down`: nobody stopped it (its pod was deleted under it)."""
         ws = await self.hub_settings.workstation(user, server)
-        done = {**record, "stopped_at": times.iso(now), "stopped": how}
+        done = {**record, "stopped_at": times.iso(now), "stopped": how, **({"went_down": True} if went_down else {})}
         await self._write(ws, done)
         self.audit.of(SERVICE_CALLER, "drain-stop", ws, "stopped " + how.replace("-", " "),
                          f"node {record['node']}")
@@ -269,7 +375,9 @@ class Drains:
     async def drain_node(self, caller: Caller, node, dry_run=False, reason=None) -> dict:
         """An admin's drain of a node: every workstation on it is warned and stopped after the
         grace, as if `kubectl drain` had evicted it. The node must be cordoned first (409 otherwise),
-        so that no workstation starts there again (a dry run only lists who would be warned)."""
+        so that no workstation starts there again (a dry run only lists who would be warned); the
+        cordon itself may have warned them already (check), and the admin's reason then replaces
+        the node's."""
         if not caller.admin:
             raise ServiceError(403, "Only administrators drain nodes.")
         node = check_node_name(node)
@@ -283,9 +391,13 @@ class Drains:
         now = times.now()
         warned = []
         for user, server, vm, vmi in self.on_node(node):
-            record = drain_record(vm)
+            record = self._record(user, server, vm)
             if not dry_run and not active(record, vmi):
                 record = await self._begin(user, server, vmi, node, reason or self._node_reason(node), "admin", now)
+            elif not dry_run and record is not None and reason and record.get("reason") != reason:
+                # (warned at the cordon already: same deadline, the admin's reason)
+                record = {**record, "reason": reason, "by": "admin"}
+                await self._write(await self.hub_settings.workstation(user, server), record)
             warned.append(self._entry(user, server, record if active(record, vmi) else None))
         return {"node": node, "dry_run": dry_run, "cordoned": bool(field_value(obj, "spec.unschedulable")),
                 "grace_seconds": self.settings.drain_grace, "workstations": warned}

@@ -30,9 +30,11 @@ class ServiceMetrics:
         self.snapshots = Gauge("workstations_snapshots", "Snapshots per user", ["user"], registry=self.registry)
         self.full = Gauge("workstations_disks_above_85_percent", "Disks over 85 % full (last known)",
                           registry=self.registry)
-        self.drains = Counter("workstations_drains", "Workstations warned of a node drain (warned), and stopped "
-                              "by one after the grace (stopped-after-grace) or during it (stopped-before-grace)", ["event"], registry=self.registry)
-        for event in ("warned", "stopped-after-grace", "stopped-before-grace"):
+        self.drains = Counter("workstations_drains", "Workstations warned of a node drain (warned), stopped by one "
+                              "after the grace (stopped-after-grace), during it (stopped-before-grace) or with no "
+                              "warning, their pods deleted (stopped-without-warning), and warnings withdrawn by an "
+                              "uncordon (withdrawn)", ["event"], registry=self.registry)
+        for event in ("warned", "stopped-after-grace", "stopped-before-grace", "stopped-without-warning", "withdrawn"):
             self.drains.labels(event)
 
     def refresh(self, caches: Caches, usage: DiskUsage) -> None:

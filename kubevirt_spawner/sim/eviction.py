@@ -16,6 +16,10 @@ Upstream, read for this:
   failurePolicy Fail (whatever its comment says): while virt-api is down, the API server refuses
   their evictions. No PodDisruptionBudget stands behind it: virt-controller's disruption budget
   controller only deletes old ones (pkg/virt-controller/watch/drain/disruptionbudget).
+- the same admitter (markVMI): an Eviction the descheduler sent (annotated requested-by:
+  sigs.k8s.io/descheduler, descheduler PR 1753) also gets the VMI the annotation
+  kubevirt.io/eviction-source: descheduler. Nothing else tells a descheduler's eviction from a
+  drain's: the drain cordons the node first (kubectl pkg/drain/cordon.go).
 - kubevirt pkg/virt-controller/watch/drain/evacuation/evacuation.go: for External the evacuation
   controller starts no migration (VMIMigratableOnEviction is false): an outside controller acts.
 - the apiserver's webhook dispatcher (staging/src/k8s.io/apiserver/pkg/admission/plugin/webhook/
@@ -38,6 +42,8 @@ POD = BY_KIND["Pod"]
 VMI = BY_KIND["VirtualMachineInstance"]
 KUBEVIRT = BY_KIND["KubeVirt"]
 WEBHOOK = "virt-launcher-eviction-interceptor.kubevirt.io"
+REQUESTED_BY, DESCHEDULER = "requested-by", "sigs.k8s.io/descheduler"
+EVICTION_SOURCE = "kubevirt.io/eviction-source"
 DEFAULT_STRATEGY = "None"
 
 
@@ -86,7 +92,8 @@ def evict(cluster, namespace: str, name: str, body, dry_run: bool) -> dict:
     if name.startswith("virt-launcher"):  # (the webhook's match condition)
         cluster.faults.call_webhooks("Eviction")
         if vmi is not None and strategy != DEFAULT_STRATEGY:
-            _admit_launcher(cluster, vmi, pod, strategy, dry_run)
+            by_descheduler = (field_value(eviction, "metadata.annotations") or {}).get(REQUESTED_BY) == DESCHEDULER
+            _admit_launcher(cluster, vmi, pod, strategy, dry_run, by_descheduler)
     if not dry_run:
         grace = field_value(eviction, "deleteOptions.gracePeriodSeconds")
         cluster.before_delete(POD, pod, None if grace is None else int(grace))
@@ -94,7 +101,7 @@ def evict(cluster, namespace: str, name: str, body, dry_run: bool) -> dict:
     return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
 
 
-def _admit_launcher(cluster, vmi: dict, pod: dict, strategy: str, dry_run: bool):
+def _admit_launcher(cluster, vmi: dict, pod: dict, strategy: str, dry_run: bool, by_descheduler: bool):
     """KubeVirt's webhook: mark the VMI for evacuation and deny, or let the eviction through."""
     if strategy == "LiveMigrateIfPossible":
         return  # (never migratable here: the eviction goes through)
@@ -111,5 +118,9 @@ def _admit_launcher(cluster, vmi: dict, pod: dict, strategy: str, dry_run: bool)
     if not dry_run:
         marked = copy.deepcopy(vmi)
         marked.setdefault("status", {})["evacuationNodeName"] = node
-        cluster.store.update(VMI, marked, subresource="status", check_rv=False)
+        marked = cluster.store.update(VMI, marked, subresource="status", check_rv=False)
+        if by_descheduler:  # (the same JSON patch, upstream)
+            marked = copy.deepcopy(marked)
+            marked["metadata"].setdefault("annotations", {})[EVICTION_SOURCE] = "descheduler"
+            cluster.store.update(VMI, marked, check_rv=False)
     raise _denied(triggered)

@@ -1,7 +1,9 @@
 """Protobuf request bodies, for the few kinds whose `kubectl create` generators send them.
 
 kubectl sends `application/vnd.kubernetes.protobuf` for `kubectl create namespace`, `create
-serviceaccount`, `create configmap`, `create secret generic` and `create token`. The envelope is the magic `k8s\\0` followed by a
+serviceaccount`, `create configmap`, `create secret generic` and `create token`, and the
+DeleteOptions of its deletes (`kubectl drain --disable-eviction` deletes each pod with one). The
+envelope is the magic `k8s\\0` followed by a
 runtime.Unknown (staging/src/k8s.io/apimachinery/pkg/runtime/types.go: typeMeta = 1, raw = 2),
 whose `raw` is the object in the field numbers of its generated.proto. Only the fields those
 generators fill are decoded; anything else is refused as an unsupported media type.
@@ -33,6 +35,11 @@ SCHEMAS: dict[str, dict] = {
     # (staging/src/k8s.io/api/core/v1/generated.proto: data = 2, type = 3, immutable = 5)
     "Secret": {1: ("metadata", _OBJECT_META), 2: ("data", ("map", "bytes")), 3: ("type", "string"),
                5: ("immutable", "bool")},
+    # (staging/src/k8s.io/apimachinery/pkg/apis/meta/v1/generated.proto)
+    "DeleteOptions": {1: ("gracePeriodSeconds", "int64"), 2: ("preconditions", {1: ("uid", "string"),
+                                                                                 2: ("resourceVersion", "string")}),
+                      3: ("orphanDependents", "bool"), 4: ("propagationPolicy", "string"),
+                      5: ("dryRun", ("repeated", "string"))},
     "TokenRequest": {1: ("metadata", _OBJECT_META),
                      2: ("spec", {1: ("audiences", ("repeated", "string")), 3: ("boundObjectRef", _BOUND_OBJECT_REF),
                                   4: ("expirationSeconds", "int64")})},
@@ -41,7 +48,7 @@ SCHEMAS: dict[str, dict] = {
 
 def _unsupported(what: str) -> errors.ApiError:
     return errors.ApiError(415, "UnsupportedMediaType", f"the simulator decodes protobuf bodies of Namespace, "
-                           f"ServiceAccount, ConfigMap, Secret and TokenRequest only, not {what}; send JSON or YAML")
+                           f"ServiceAccount, ConfigMap, Secret, TokenRequest and DeleteOptions only, not {what}; send JSON or YAML")
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:
@@ -89,8 +96,8 @@ def _decode(data: bytes, schema: dict) -> dict:
             out[name] = value.decode()
         elif kind == "bytes":
             out[name] = value
-        elif kind == "int64":
-            out[name] = value
+        elif kind == "int64":  # (two's complement in ten bytes when negative)
+            out[name] = value - (1 << 64) if value >= 1 << 63 else value
         elif kind == "bool":
             out[name] = bool(value)
         elif kind[0] == "repeated":

@@ -27,6 +27,8 @@ c.KubeVirtSpawner.http_timeout = {BOOT_TIMEOUT - 60}
 c.KubeVirtSpawner.profile_list = [
     {{"display_name": "Test machine: 2 CPUs, 2 GiB", "slug": "small", "default": True,
       "kubevirt_override": {{"cpu_guarantee": 2, "mem_guarantee": "2G"}}}},
+    {{"display_name": "Test machine: 2 CPUs, 3 GiB", "slug": "roomy",
+      "kubevirt_override": {{"cpu_guarantee": 2, "mem_guarantee": "3G"}}}},
     {{"display_name": "Test machine booting through EFI, with shared data, an extra disk and scratch",
       "slug": "efi",
       "kubevirt_override": {{"cpu_guarantee": 2, "mem_guarantee": "2G", "firmware": "efi",

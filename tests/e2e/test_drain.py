@@ -176,8 +176,10 @@ def test_admin_drain_warns_waits_and_prints_the_kubectl_drain(hub: Hub, cluster:
     assert kubectl(cluster, "cordon", NODE).returncode == 0
     try:
         run = admin_drain(hub, tmp_path, NODE, "--reason", "disk swap", wait=False)
-        view = wait_for(lambda: status(hub, "dot")["drain"], 30, what="dot warned")
-        assert (view["node"], view["reason"]) == (NODE, "disk swap")
+        # (the cordon warned dot at once; the admin's reason then replaces the node's)
+        view = wait_for(lambda: (lambda v: v if v and v["reason"] == "disk swap" else None)(status(hub, "dot")["drain"]),
+                        30, what="dot warned, with the admin's reason")
+        assert view["node"] == NODE
         r = hub.http.post(f"{hub.url}{SERVICE_API}/workstations/dot/stop", json={"wait": False}, timeout=30)
         assert r.status_code in (200, 202), r.text  # what the Lab's "Stop now" asks
         out, err = run.communicate(timeout=120)
@@ -234,3 +236,62 @@ def test_status_and_reports_show_quota_retention_and_cost(hub: Hub, cluster: Clu
                                re.S), table
     stopped = re.search(r'<table class="table stopped">(.*?)</table>', page.text, re.S).group(1)
     assert re.search(r"<td>dee</td><td>[^<]+</td><td>[1-9][0-9.]*</td>", stopped), stopped
+
+
+def launcher_pod(cluster: Cluster, user: str) -> str:
+    pods = cluster.core.list_namespaced_pod(f"notebook-{user}", label_selector="kubevirt.io=virt-launcher").items
+    running = [p.metadata.name for p in pods if p.status.phase not in ("Succeeded", "Failed")]
+    assert len(running) == 1, running
+    return running[0]
+
+
+def test_only_a_node_being_emptied_is_a_drain(hub: Hub, cluster: Cluster):
+    """Issue 47, item 4. KubeVirt marks the VMI for any eviction of its launcher pod
+    (pod-eviction-admitter.go markVMI), and for the descheduler's (its Eviction annotated
+    requested-by: sigs.k8s.io/descheduler) annotates it kubevirt.io/eviction-source: descheduler;
+    only the node's cordon (kubectl pkg/drain/cordon.go) says a node is being emptied. A
+    descheduler-style eviction on a schedulable node leaves the machine running, unwarned. A
+    cordon warns at once, and an uncordon withdraws the warning. `kubectl drain
+    --disable-eviction` deletes the launcher pod without the Eviction API, right after its
+    cordon: the machine stops, and its status says why."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    ns = "notebook-dora"
+    on_node_only(cluster, lambda: hub.start_server("dora", timeout=180))
+    assert node_of(cluster, "dora") == NODE
+    try:
+        eviction = client.V1Eviction(api_version="policy/v1", kind="Eviction", metadata=client.V1ObjectMeta(
+            name=launcher_pod(cluster, "dora"), namespace=ns, annotations={"requested-by": "sigs.k8s.io/descheduler"}))
+        with pytest.raises(ApiException) as denied:
+            cluster.core.create_namespaced_pod_eviction(eviction.metadata.name, ns, eviction)
+        assert denied.value.status == 429 and "Eviction triggered evacuation" in denied.value.body
+        vmi = cluster.vmi(ns, "dora-workstation")
+        assert vmi["status"]["evacuationNodeName"] == NODE
+        assert vmi["metadata"]["annotations"]["kubevirt.io/eviction-source"] == "descheduler"
+        wait_for(lambda: "which is not being drained: it keeps running" in hub.log(), 30, what="the service's note")
+        time.sleep(3)  # (rounds every second: none warns)
+        assert status(hub, "dora")["drain"] is None and (hub.server_model("dora") or {}).get("ready")
+
+        assert kubectl(cluster, "cordon", NODE).returncode == 0
+        began = time.monotonic()
+        view = wait_for(lambda: status(hub, "dora")["drain"], 10, interval=0.2, what="dora warned at the cordon")
+        assert view["node"] == NODE and time.monotonic() - began < 5
+        assert kubectl(cluster, "uncordon", NODE).returncode == 0
+        wait_for(lambda: status(hub, "dora")["drain"] is None, 10, interval=0.2, what="the warning withdrawn")
+        assert "drain-withdrawn dora: kept running" in hub.log()
+        assert (hub.server_model("dora") or {}).get("ready")
+
+        drain = kubectl(cluster, "drain", NODE, "--disable-eviction", "--ignore-daemonsets", "--delete-emptydir-data",
+                        "--timeout=120s", timeout=150)
+        assert drain.returncode == 0 and f"node/{NODE} drained" in drain.stdout, (drain.stdout, drain.stderr)
+        # KubeVirt starts the VM again elsewhere (its run strategy is Always); its status says why
+        # the machine went down
+        stopped = wait_for(lambda: status(hub, "dora")["last_stop"], 60, what="dora's stop recorded")
+        assert stopped["why"] == "drain" and stopped["node"] == NODE, stopped
+        assert "Went down" in stopped["text"] and "its node vm-cpu-1 was drained" in stopped["text"], stopped
+        assert "KubeVirt started it again on another node. Its disks are kept" in stopped["text"], stopped
+        assert node_of(cluster, "dora") == OTHER
+    finally:
+        kubectl(cluster, "uncordon", NODE)
+        hub.stop_server("dora")

@@ -16,7 +16,7 @@ from conftest import SERVICE_API, Cluster, Hub, hub_with_service
 
 from kubevirt_spawner.demo import DEMO_PASSWORD
 
-from simtools import wait_for
+from simtools import site_policy, wait_for
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "profiles"
 EXTRA = """
@@ -65,7 +65,12 @@ c.KubeVirtSpawner.profile_list = {
 
 @pytest.fixture(scope="module")
 def hub(e2e_sim, tmp_path_factory):
-    yield from hub_with_service(e2e_sim, tmp_path_factory, EXTRA)
+    # This site's labels and taint, listed for the hub's admission policy as deploy/README asks
+    # (the hub applies the default policy when it starts; the site's replaces it)
+    for started in hub_with_service(e2e_sim, tmp_path_factory, EXTRA):
+        with site_policy(e2e_sim, VM_EXTRA_LABEL_PREFIXES="example.org/",
+                         VM_EXTRA_TOLERATION_KEYS="example.org/workstations"):
+            yield started
 
 
 class FormFields(HTMLParser):

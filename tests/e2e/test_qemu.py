@@ -184,11 +184,24 @@ def test_alice_has_a_real_machine_that_keeps_what_she_installs(hub: Hub, cluster
     for claim, image in images.items():
         assert not holds(image, token), f"the hub's token is on {claim}"
 
+    # she starts again with another profile: the spawner replaces the VM's template (more memory)
+    # and keeps the firmware UUID and serial KubeVirt gave the VM at create (vm-mutator.go
+    # setFirmwareDefaultsIfEmpty), which is cloud-init's instance-id: the same instance, the same
+    # SSH host keys (issue 47, item 2)
+    identity = cluster.vm(NS, VM)["spec"]["template"]["spec"]["domain"]["firmware"]
     began = time.monotonic()
-    hub.start_server(USER, timeout=BOOT_TIMEOUT)
+    hub.start_server(USER, profile="roomy", timeout=BOOT_TIMEOUT)
     resume = time.monotonic() - began
     assert sh(hub, "cat /etc/alice.conf /opt/tool/VERSION ~/notes.txt /etc/machine-id") == \
         f"tuned\n1.2\nmine\n{machine_id}\n"
+    assert int(sh(hub, "awk '/MemTotal/ {print $2}' /proc/meminfo")) > 2_500_000  # the new profile's 3 GiB
+    firmware = cluster.vm(NS, VM)["spec"]["template"]["spec"]["domain"]["firmware"]
+    assert (firmware["uuid"], firmware["serial"]) == (identity["uuid"], identity["serial"])
+    assert sh(hub, "sudo cat /sys/class/dmi/id/product_uuid /sys/class/dmi/id/product_serial") == \
+        f"{firmware['uuid']}\n{firmware['serial']}\n"
+    assert sh(hub, "cat /etc/ssh/ssh_host_ed25519_key.pub").split()[1] == host_key
+    ip = cluster.vmi(NS, VM)["status"]["interfaces"][0]["ipAddress"]
+    assert host_key in subprocess.run(["ssh-keyscan", "-t", "ed25519", ip], capture_output=True, text=True).stdout
     print(f"\ncold boot to Lab {cold_boot:.0f} s, stop {stopped_in:.1f} s, resume {resume:.0f} s")
 
 
@@ -310,6 +323,7 @@ def test_an_online_snapshot_is_application_consistent_and_restores(hub: Hub, clu
              .get("snapshot_consistency") == "application-consistent", 60, interval=2,
              what="the service to see the agent")
     sh(hub, "echo before | sudo tee /opt/state")
+    host_key = sh(hub, "cat /etc/ssh/ssh_host_ed25519_key.pub").split()[1]
     r = api.post(f"{hub.url}{SERVICE_API}/workstations/{USER}/snapshots", json={"name": "tuned"}, timeout=120)
     assert r.status_code == 201, r.text
     assert r.json()["consistency"] == "application-consistent"
@@ -330,6 +344,11 @@ def test_an_online_snapshot_is_application_consistent_and_restores(hub: Hub, clu
              what="the restore")
     hub.wait_ready(USER, timeout=BOOT_TIMEOUT)
     assert sh(hub, "cat /opt/state /etc/alice.conf") == "before\ntuned\n"
+    # the first start after a restore replaced the restored template: the same machine, the same
+    # host key presented (issue 47, item 2)
+    assert sh(hub, "cat /etc/ssh/ssh_host_ed25519_key.pub").split()[1] == host_key
+    ip = cluster.vmi(NS, VM)["status"]["interfaces"][0]["ipAddress"]
+    assert host_key in subprocess.run(["ssh-keyscan", "-t", "ed25519", ip], capture_output=True, text=True).stdout
 
 
 
@@ -371,8 +390,9 @@ def test_a_clone_boots_through_efi_too(hub: Hub, cluster: Cluster):
     dataset = shared_dataset(cluster, ns)
     hub.ensure_user(EFI_USER)
     hub.start_server(EFI_USER, profile="efi", timeout=BOOT_TIMEOUT)
-    assert cluster.vm(ns, vm)["spec"]["template"]["spec"]["domain"]["firmware"] == \
-        {"bootloader": {"efi": {"secureBoot": False}}}
+    firmware = cluster.vm(ns, vm)["spec"]["template"]["spec"]["domain"]["firmware"]
+    assert firmware["bootloader"] == {"efi": {"secureBoot": False}}
+    assert set(firmware) == {"bootloader", "uuid", "serial"}  # (KubeVirt's mutator gave the identity)
     lab = hub.http.get(f"{hub.url}/user/{EFI_USER}/lab", timeout=60)
     assert lab.status_code == 200 and "JupyterLab" in lab.text, lab.status_code
     assert "FAIL" not in sh(hub, "sudo /usr/local/sbin/verify-clone.sh", EFI_USER)
