@@ -5,7 +5,8 @@
   `..data` and `..<timestamp>` entries too: kubernetes pkg/volume/util/atomic_writer.go);
 - a cloudInitNoCloud volume: kubevirt pkg/cloud-init/cloud-init.go (volid cidata; meta-data JSON with
   instance-id and local-hostname; user-data; network-config when there is network data), the
-  instance-id being the VM's firmware UUID (pkg/virt-controller/watch/vm/firmware.go)."""
+  instance-id being the VMI's firmware UUID (cloud-init.go cloudInitUUIDFromVMI): the one KubeVirt's
+  VM mutator gave at create, or, for a VM without one, the name's (firmware.go CalculateLegacyUUID)."""
 
 from __future__ import annotations
 
