@@ -27,6 +27,7 @@ outlives a restart of the service, and once the machine stopped it says why.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -223,9 +224,8 @@ class Drains:
         (a drain without the Eviction API deletes the launcher pods right after its cordon)."""
         before = self._draining_nodes()
         try:
-            await self.hub_settings.caches.wait_for(lambda: self._draining_nodes() != before, every)
-        except asyncio.TimeoutError:
-            pass
+            with contextlib.suppress(asyncio.TimeoutError):  # (the interval passed with no change)
+                await self.hub_settings.caches.wait_for(lambda: self._draining_nodes() != before, every)
         except Exception:  # (the caches cannot be read: the plain interval)
             await asyncio.sleep(every)
 
